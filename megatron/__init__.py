@@ -1,0 +1,24 @@
+"""Megatron-DeepSpeed-style GPT pretraining with an exact, once-computed parameter count."""
+import torch
+
+
+def _rank():
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _world_size():
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def print_rank_0(message):
+    if _rank() == 0:
+        print(message, flush=True)
+
+
+def print_rank_last(message):
+    """The last rank sees the loss under pipeline parallelism, so it prints the log line."""
+    if _rank() == _world_size() - 1:
+        print(message, flush=True)
+
+
+from .global_vars import get_args, get_timers, get_tensorboard_writer, get_tokenizer  # noqa: E402,F401

@@ -1,0 +1,350 @@
+"""Megatron-DeepSpeed command line: the same flags and meanings, so existing launch scripts run
+unchanged, and ALL validation in one place, run on every rank before any heavy work."""
+import argparse
+import json
+import os
+
+import torch
+
+
+class ConfigError(ValueError):
+    """A bad flag combination. Its message is one line naming the flag and the fix."""
+
+
+def parse_args(extra_args_provider=None, args_list=None):
+    parser = argparse.ArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
+    for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
+                _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
+                _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
+                _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
+                _add_zero_args):
+        add(parser)
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser)
+    import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
+    parser = deepspeed.add_config_arguments(parser)
+    return parser.parse_args(args_list)
+
+
+def _add_network_size_args(parser):
+    g = parser.add_argument_group("network size")
+    g.add_argument("--num-layers", type=int, default=None)
+    g.add_argument("--hidden-size", type=int, default=None)
+    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default 4 x hidden size")
+    g.add_argument("--num-attention-heads", type=int, default=None)
+    g.add_argument("--max-position-embeddings", type=int, default=None)
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocab to a multiple of this x TP size")
+    g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
+    g.add_argument("--attention-impl", choices=["sdpa", "math"], default="sdpa",
+                   help="sdpa: torch.nn.functional.scaled_dot_product_attention; math: explicit matmuls")
+    # Megatron's kernel-fusion switches: this code base runs unfused ops, so "no fusion" is
+    # what it does anyway; accepted so existing launch scripts run unchanged.
+    for flag in ("--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
+                 "--no-gradient-accumulation-fusion"):
+        g.add_argument(flag, action="store_true", help="accepted; no fused kernels are used")
+
+
+def _add_regularization_args(parser):
+    g = parser.add_argument_group("regularization")
+    g.add_argument("--attention-dropout", type=float, default=0.1)
+    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
+
+
+def _add_training_args(parser):
+    g = parser.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=None)
+    g.add_argument("--global-batch-size", type=int, default=None)
+    g.add_argument("--rampup-batch-size", nargs="*", default=None,
+                   help="<start batch> <increment> <ramp-up samples>, e.g. 2 2 1_000")
+    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--train-samples", type=int, default=None)
+    g.add_argument("--exit-interval", type=int, default=None)
+    g.add_argument("--exit-duration-in-mins", type=int, default=None)
+    g.add_argument("--optimizer", type=str, default="adam")
+    g.add_argument("--checkpoint-activations", action="store_true")
+    g.add_argument("--checkpoint-num-layers", type=int, default=1)
+    g.add_argument("--no-pipeline-parallel", action="store_true",
+                   help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
+    g.add_argument("--pp-partition-method", type=str, default="type:transformer",
+                   help="accepted for compatibility; stages are always balanced by transformer layers")
+
+
+def _add_initialization_args(parser):
+    g = parser.add_argument_group("initialization")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+
+
+def _add_learning_rate_args(parser):
+    g = parser.add_argument_group("learning rate")
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine"], default="linear")
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--lr-decay-samples", type=int, default=None)
+    g.add_argument("--lr-warmup-fraction", type=float, default=None)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-warmup-samples", type=int, default=0)
+
+
+def _add_checkpointing_args(parser):
+    g = parser.add_argument_group("checkpointing")
+    g.add_argument("--save", type=str, default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--no-save-optim", action="store_true")
+    g.add_argument("--no-save-rng", action="store_true")
+    g.add_argument("--load", type=str, default=None)
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--finetune", action="store_true")
+
+
+def _add_mixed_precision_args(parser):
+    g = parser.add_argument_group("mixed precision")
+    g.add_argument("--fp16", action="store_true")
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--loss-scale", type=float, default=None)
+    g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
+    g.add_argument("--min-loss-scale", type=float, default=1.0)
+    g.add_argument("--loss-scale-window", type=float, default=1000)
+    g.add_argument("--hysteresis", type=int, default=2)
+
+
+def _add_distributed_args(parser):
+    g = parser.add_argument_group("distributed")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--distributed-backend", choices=["nccl", "gloo", "ccl"], default=None,
+                   help="default: nccl on CUDA, gloo on CPU")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the launcher")
+    g.add_argument("--DDP-impl", default="local", choices=["local", "torch"],
+                   help="accepted; the DeepSpeed engine does data-parallel reduction")
+
+
+def _add_validation_args(parser):
+    g = parser.add_argument_group("validation")
+    g.add_argument("--eval-iters", type=int, default=100)
+    g.add_argument("--eval-interval", type=int, default=1000)
+
+
+def _add_data_args(parser):
+    g = parser.add_argument_group("data and tokenizer")
+    g.add_argument("--data-path", nargs="*", default=None, help="prefix, or weight prefix pairs")
+    g.add_argument("--split", type=str, default="969, 30, 1")
+    g.add_argument("--vocab-file", type=str, default=None)
+    g.add_argument("--merge-file", type=str, default=None)
+    g.add_argument("--vocab-size", type=int, default=None, help="with --mock-data")
+    g.add_argument("--seq-length", type=int, default=None)
+    g.add_argument("--tokenizer-type", type=str, default=None,
+                   choices=["GPT2BPETokenizer", "NullTokenizer"])
+    g.add_argument("--data-impl", type=str, default="mmap", choices=["mmap", "infer"])
+    g.add_argument("--mock-data", action="store_true", help="synthetic token stream, no dataset needed")
+    g.add_argument("--num-workers", type=int, default=0)
+    g.add_argument("--eod-mask-loss", action="store_true")
+
+
+def _add_logging_args(parser):
+    g = parser.add_argument_group("logging")
+    g.add_argument("--log-interval", type=int, default=100)
+    g.add_argument("--tensorboard-dir", type=str, default=None)
+    g.add_argument("--tensorboard-queue-size", type=int, default=1000)
+    g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--log-timers-to-tensorboard", action="store_true")
+    g.add_argument("--log-batch-size-to-tensorboard", action="store_true")
+    g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+
+
+def _add_activation_checkpoint_args(parser):
+    g = parser.add_argument_group("activation checkpointing")
+    g.add_argument("--deepspeed-activation-checkpointing", action="store_true")
+    g.add_argument("--partition-activations", action="store_true")
+    g.add_argument("--contigious-checkpointing", action="store_true")
+    g.add_argument("--checkpoint-in-cpu", action="store_true")
+    g.add_argument("--synchronize-each-layer", action="store_true")
+    g.add_argument("--profile-backward", action="store_true")
+
+
+def _add_zero_args(parser):
+    g = parser.add_argument_group("ZeRO")
+    g.add_argument("--zero-stage", type=int, default=None, help="overrides the ds_config's stage")
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+def _require(cond, message):
+    if not cond:
+        raise ConfigError(message)
+
+
+def _int(text, flag):
+    try:
+        return int(str(text).replace("_", ""))
+    except ValueError:
+        raise ConfigError(f"{flag}: '{text}' is not an integer") from None
+
+
+def validate_args(args, world_size=None, cuda_available=None):
+    """Check every flag against the others; fill in derived values. Cheap: no distributed
+    init, no model, no data. Raises ConfigError with a one-line message."""
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    args.world_size = world_size
+
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
+        _require(getattr(args, flag) is not None, f"--{flag.replace('_', '-')} is required")
+    _require(args.lr is not None, "--lr is required (e.g. --lr 1e-4)")
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size
+
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
+    _require(world_size % (tp * pp) == 0,
+             f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
+             f"--pipeline-model-parallel-size {pp}: launch a multiple of {tp * pp} ranks or change TP/PP")
+    args.data_parallel_size = world_size // (tp * pp)
+    _require(args.num_attention_heads % tp == 0,
+             f"--num-attention-heads {args.num_attention_heads} is not divisible by "
+             f"--tensor-model-parallel-size {tp}: use a TP size that divides the head count")
+    _require(args.hidden_size % args.num_attention_heads == 0,
+             f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
+             f"{args.num_attention_heads}: choose heads that divide the hidden size")
+    _require(args.ffn_hidden_size % tp == 0,
+             f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
+    _require(args.num_layers >= pp,
+             f"--num-layers {args.num_layers} is smaller than --pipeline-model-parallel-size {pp}: "
+             f"every pipeline stage needs at least one transformer layer; lower PP or add layers")
+    _require(not (args.no_pipeline_parallel and pp > 1),
+             f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
+    _require(args.seq_length <= args.max_position_embeddings,
+             f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
+             f"{args.max_position_embeddings}: raise --max-position-embeddings or shorten the sequence")
+    _require(args.optimizer in ("adam", "sgd"),
+             f"--optimizer {args.optimizer} is not supported: use adam or sgd")
+    _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
+
+    _validate_batch_sizes(args)
+    _validate_training_length(args)
+    _validate_precision(args, cuda_available)
+    _validate_data(args)
+    if args.deepspeed_activation_checkpointing or args.partition_activations:
+        # both only act on checkpointed activations
+        args.deepspeed_activation_checkpointing = args.deepspeed_activation_checkpointing and args.checkpoint_activations
+    args.ds_pipeline_enabled = not args.no_pipeline_parallel
+    args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
+    _apply_deepspeed_config(args)
+    return args
+
+
+def _validate_batch_sizes(args):
+    dp, mbs = args.data_parallel_size, args.micro_batch_size
+    if args.global_batch_size is None:
+        args.global_batch_size = mbs * dp
+    gbs = args.global_batch_size
+    _require(gbs % (mbs * dp) == 0,
+             f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
+             f"size {dp}: use a multiple of {mbs * dp}")
+    if args.rampup_batch_size:
+        _require(len(args.rampup_batch_size) == 3,
+                 "--rampup-batch-size takes 3 values: <start batch> <increment> <ramp-up samples>")
+        start, incr, samples = (_int(v, "--rampup-batch-size") for v in args.rampup_batch_size)
+        _require(start > 0 and incr > 0, "--rampup-batch-size: start batch and increment must be > 0")
+        _require((gbs - start) % incr == 0,
+                 f"--rampup-batch-size: global batch {gbs} minus start batch {start} is not divisible by "
+                 f"the increment {incr}")
+        for flag, value in (("start batch", start), ("increment", incr)):
+            _require(value % (mbs * dp) == 0,
+                     f"--rampup-batch-size: {flag} {value} is not divisible by --micro-batch-size {mbs} x "
+                     f"data-parallel size {dp}")
+        _require(args.train_samples is not None,
+                 "--rampup-batch-size needs --train-samples (sample-based training)")
+        args.rampup_batch_size = [start, incr, samples]
+
+
+def _validate_training_length(args):
+    _require((args.train_iters is None) != (args.train_samples is None),
+             "give exactly one of --train-iters or --train-samples")
+    if args.train_iters is not None:
+        _require(args.lr_warmup_samples == 0 and args.lr_decay_samples is None,
+                 "--train-iters goes with --lr-warmup-iters / --lr-decay-iters, not the -samples variants")
+    else:
+        _require(args.lr_warmup_iters == 0 and args.lr_decay_iters is None,
+                 "--train-samples goes with --lr-warmup-samples / --lr-decay-samples, not the -iters variants")
+    _require(args.lr_warmup_fraction is None or (args.lr_warmup_iters == 0 and args.lr_warmup_samples == 0),
+             "give either --lr-warmup-fraction or --lr-warmup-iters/-samples, not both")
+
+
+def _validate_precision(args, cuda_available):
+    _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
+    _require(not args.fp16 or cuda_available,
+             "--fp16 needs a CUDA device: on CPU train in fp32 (drop --fp16) or use --bf16")
+    args.params_dtype = torch.half if args.fp16 else (torch.bfloat16 if args.bf16 else torch.float32)
+
+
+def _validate_data(args):
+    if args.mock_data:
+        _require(args.vocab_size is not None or args.vocab_file is not None,
+                 "--mock-data needs --vocab-size N (or --vocab-file)")
+        return
+    _require(args.data_path, "--data-path is required (or pass --mock-data for a synthetic token stream)")
+    if args.tokenizer_type in (None, "GPT2BPETokenizer"):
+        _require(args.vocab_file and args.merge_file,
+                 "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")
+    for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
+        _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
+
+
+def _apply_deepspeed_config(args):
+    """Load --deepspeed_config (or build one from the flags) and make it agree with the flags:
+    a mismatch is an error, never a silently different run."""
+    if args.deepspeed_config:
+        _require(os.path.isfile(args.deepspeed_config), f"--deepspeed_config {args.deepspeed_config}: no such file")
+        with open(args.deepspeed_config) as f:
+            try:
+                config = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"--deepspeed_config {args.deepspeed_config}: invalid JSON ({e})") from None
+    else:
+        config = {}
+    where = f"--deepspeed_config {args.deepspeed_config}" if args.deepspeed_config else "ds_config"
+
+    gas = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    for key, ours, flag in (("train_micro_batch_size_per_gpu", args.micro_batch_size, "--micro-batch-size"),
+                            ("train_batch_size", args.global_batch_size, "--global-batch-size"),
+                            ("gradient_accumulation_steps", gas, "--global-batch-size")):
+        _require(key not in config or config[key] == ours,
+                 f"{where}: {key}={config.get(key)} disagrees with {flag} (implies {ours}); make them match")
+        config[key] = ours
+    for key, flag in (("fp16", "--fp16"), ("bf16", "--bf16")):
+        enabled = bool(config.get(key, {}).get("enabled", False))
+        _require(enabled == getattr(args, key),
+                 f"{where}: {key}.enabled={enabled} disagrees with {flag}={getattr(args, key)}; make them match")
+    if args.fp16 and "fp16" not in config:
+        config["fp16"] = {"enabled": True, "loss_scale": args.loss_scale or 0,
+                          "initial_scale_power": int(args.initial_loss_scale).bit_length() - 1,
+                          "loss_scale_window": args.loss_scale_window, "hysteresis": args.hysteresis,
+                          "min_loss_scale": args.min_loss_scale}
+    if args.bf16 and "bf16" not in config:
+        config["bf16"] = {"enabled": True}
+    config.setdefault("gradient_clipping", args.clip_grad)
+    zero = config.setdefault("zero_optimization", {})
+    if args.zero_stage is not None:
+        zero["stage"] = args.zero_stage
+    args.zero_stage = zero.setdefault("stage", 0)
+    _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
+             f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
+             f"--zero-stage 0 or 1, or --no-pipeline-parallel")
+    config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
+    config.setdefault("wall_clock_breakdown", False)
+    args.deepspeed_config_dict = config

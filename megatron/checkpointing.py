@@ -1,0 +1,132 @@
+"""Save / resume through the DeepSpeed engine, plus our client state.
+
+Layout of --save DIR:
+  DIR/global_stepN/...                     DeepSpeed's files for iteration N
+  DIR/global_stepN/megatron_layout.json    the model shape and TP/PP layout it was saved with
+  DIR/latest, DIR/latest_checkpointed_iteration.txt
+The two pointers are written (atomically) only after every rank has finished writing
+global_stepN, so a crash mid-save leaves the previous checkpoint as the one that loads.
+"""
+import json
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron import mpu, print_rank_0
+from megatron.arguments import ConfigError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+LAYOUT = "megatron_layout.json"
+# what must match for the saved tensors to fit the model being built
+LAYOUT_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
+               "max_position_embeddings", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+               "ds_pipeline_enabled")
+
+
+def _tag(iteration):
+    return f"global_step{iteration}"
+
+
+def _layout(args):
+    return {key: getattr(args, key) for key in LAYOUT_KEYS}
+
+
+def _write_atomic(path, text):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _rng_state():
+    state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": mpu.get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state):
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+    mpu.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def save_checkpoint(iteration, engine, lr_scheduler, args):
+    client_state = {
+        "iteration": iteration,
+        "consumed_train_samples": args.consumed_train_samples,
+        "consumed_valid_samples": args.consumed_valid_samples,
+        "gigaflos_no_embeds": args.gigaflos_no_embeds,
+        "lr_scheduler": lr_scheduler.state_dict(),
+        "layout": _layout(args),
+    }
+    if not args.no_save_rng:
+        client_state["rng_state"] = _rng_state()
+    engine.save_checkpoint(args.save, tag=_tag(iteration), client_state=client_state, save_latest=False)
+    dist.barrier()  # every rank's shards are on disk before the pointers move
+    if args.rank == 0:
+        _write_atomic(os.path.join(args.save, _tag(iteration), LAYOUT), json.dumps(_layout(args), indent=1))
+        _write_atomic(os.path.join(args.save, "latest"), _tag(iteration))
+        _write_atomic(os.path.join(args.save, TRACKER), str(iteration))
+    dist.barrier()
+    args.last_saved_iteration = iteration
+    print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+
+
+def read_tracker(load_dir):
+    path = os.path.join(load_dir, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        text = f.read().strip()
+    if not text.isdigit():
+        raise ConfigError(f"--load {load_dir}: {TRACKER} holds '{text}', not an iteration number")
+    return int(text)
+
+
+def check_layout(load_dir, iteration, args):
+    path = os.path.join(load_dir, _tag(iteration), LAYOUT)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--load {load_dir}: {path} is missing; the checkpoint was not written by this trainer")
+    with open(path) as f:
+        saved = json.load(f)
+    ours = _layout(args)
+    if saved != ours:
+        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}" for k in LAYOUT_KEYS if saved.get(k) != ours[k])
+        raise ConfigError(f"--load {load_dir}: checkpoint layout differs from this run ({differ}); "
+                          f"launch with the saved layout")
+
+
+def load_checkpoint(engine, lr_scheduler, args):
+    """Returns the iteration to continue from (0 when DIR holds no checkpoint yet)."""
+    iteration = read_tracker(args.load)
+    if iteration is None:
+        print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
+        return 0
+    check_layout(args.load, iteration, args)
+    path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
+                                                load_optimizer_states=not args.no_load_optim and not args.finetune,
+                                                load_lr_scheduler_states=False)
+    if path is None:
+        raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
+    if args.finetune:
+        print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
+        return 0
+    args.consumed_train_samples = client_state["consumed_train_samples"]
+    args.consumed_valid_samples = client_state["consumed_valid_samples"]
+    args.gigaflos_no_embeds = client_state["gigaflos_no_embeds"]
+    lr_scheduler.load_state_dict(client_state["lr_scheduler"])
+    if "rng_state" in client_state and not args.no_load_rng:
+        _set_rng_state(client_state["rng_state"])
+    args.last_saved_iteration = client_state["iteration"]
+    print_rank_0(f"loaded checkpoint {path} at iteration {client_state['iteration']}")
+    return client_state["iteration"]

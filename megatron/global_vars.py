@@ -1,0 +1,86 @@
+"""Process-wide singletons: args, timers, TensorBoard writer, tokenizer."""
+import time
+
+import torch
+
+_GLOBAL_ARGS = None
+_GLOBAL_TIMERS = None
+_GLOBAL_TENSORBOARD_WRITER = None
+_GLOBAL_TOKENIZER = None
+
+
+def get_args():
+    assert _GLOBAL_ARGS is not None, "args are not initialized (call initialize_megatron first)"
+    return _GLOBAL_ARGS
+
+
+def set_args(args):
+    global _GLOBAL_ARGS
+    _GLOBAL_ARGS = args
+
+
+def get_timers():
+    global _GLOBAL_TIMERS
+    if _GLOBAL_TIMERS is None:
+        _GLOBAL_TIMERS = Timers()
+    return _GLOBAL_TIMERS
+
+
+def get_tokenizer():
+    return _GLOBAL_TOKENIZER
+
+
+def set_tokenizer(tokenizer):
+    global _GLOBAL_TOKENIZER
+    _GLOBAL_TOKENIZER = tokenizer
+
+
+def get_tensorboard_writer():
+    return _GLOBAL_TENSORBOARD_WRITER
+
+
+def set_tensorboard_writer(args):
+    """Only the last rank writes (it sees the loss under pipeline parallelism)."""
+    global _GLOBAL_TENSORBOARD_WRITER
+    if args.tensorboard_dir and args.rank == args.world_size - 1:
+        from torch.utils.tensorboard import SummaryWriter
+        _GLOBAL_TENSORBOARD_WRITER = SummaryWriter(log_dir=args.tensorboard_dir,
+                                                   max_queue=args.tensorboard_queue_size)
+
+
+def close_tensorboard_writer():
+    global _GLOBAL_TENSORBOARD_WRITER
+    if _GLOBAL_TENSORBOARD_WRITER is not None:
+        _GLOBAL_TENSORBOARD_WRITER.close()
+        _GLOBAL_TENSORBOARD_WRITER = None
+
+
+class _Timer:
+    def __init__(self):
+        self.elapsed_ = 0.0
+        self.started = None
+
+    def start(self):
+        self.started = time.time()
+
+    def stop(self):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # time the device work, not the kernel launches
+        self.elapsed_ += time.time() - self.started
+        self.started = None
+
+    def elapsed(self, reset=True):
+        value = self.elapsed_
+        if reset:
+            self.elapsed_ = 0.0
+        return value
+
+
+class Timers:
+    def __init__(self):
+        self.timers = {}
+
+    def __call__(self, name):
+        if name not in self.timers:
+            self.timers[name] = _Timer()
+        return self.timers[name]

@@ -1,0 +1,61 @@
+"""initialize_megatron: validated args, torch.distributed (gloo on CPU, nccl on CUDA), model-parallel
+groups, seeds, tokenizer, TensorBoard writer — in that order, so bad flags fail before any of
+the expensive steps."""
+import os
+import random
+
+import numpy as np
+import torch
+
+from megatron import mpu
+from megatron.arguments import parse_args, validate_args
+from megatron.global_vars import set_args, set_tensorboard_writer, set_tokenizer
+from megatron.utils import pad_vocab_size
+
+
+def initialize_megatron(extra_args_provider=None, args_list=None):
+    args = parse_args(extra_args_provider, args_list)
+    validate_args(args)
+    _initialize_distributed(args)
+    set_args(args)
+    _build_tokenizer(args)
+    _set_random_seed(args.seed)
+    set_tensorboard_writer(args)
+    return args
+
+
+def _initialize_distributed(args):
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    backend = args.distributed_backend or get_accelerator().communication_backend_name()
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    args.rank = torch.distributed.get_rank()
+    assert torch.distributed.get_world_size() == args.world_size
+    mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    if args.deepspeed_activation_checkpointing:
+        from megatron.mpu.random import configure_deepspeed_checkpointing
+        configure_deepspeed_checkpointing(args, mpu)
+
+
+def _build_tokenizer(args):
+    from megatron.tokenizer import build_tokenizer
+    tokenizer = build_tokenizer(args)
+    set_tokenizer(tokenizer)
+    args.padded_vocab_size = pad_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
+                                            args.tensor_model_parallel_size)
+
+
+def _set_random_seed(seed):
+    """Python / numpy get the plain seed; torch gets the TP/PP-aware seeds."""
+    random.seed(seed)
+    np.random.seed(seed)
+    mpu.model_parallel_seed(seed)

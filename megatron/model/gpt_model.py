@@ -1,0 +1,82 @@
+"""GPT as a plain module (GPTModel, for --no-pipeline-parallel) and as a DeepSpeed
+PipelineModule (GPTModelPipe, for --deepspeed at any PP, 1 included).
+
+Both build layer i after seeding the RNG with `seed + i` (DeepSpeed's `seed_layers`), with the
+same layer order (0: embedding, 1..L: transformer layers, L+1: final LayerNorm), so every
+TP x PP layout and both wrappers start from the same full weights.
+"""
+import torch
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.utils import set_random_seed
+from torch import nn
+
+from megatron import mpu
+from .language_model import Embedding, lm_loss, parallel_lm_logits
+from .layer_norm import LayerNorm
+from .transformer import ParallelTransformer, ParallelTransformerLayerPipe
+
+
+class TransformerLanguageModel(nn.Module):
+    def __init__(self, config, seed):
+        super().__init__()
+        set_random_seed(seed)
+        self.embedding = Embedding(config)
+        self.encoder = ParallelTransformer(config, layer_seed_fn=lambda i: set_random_seed(seed + 1 + i))
+
+    def forward(self, input_ids):
+        return self.encoder(self.embedding(input_ids))
+
+
+class GPTModel(nn.Module):
+    """The whole model in one module; the output layer is the word embedding (one tensor)."""
+
+    def __init__(self, config, seed=1234):
+        super().__init__()
+        self.language_model = TransformerLanguageModel(config, seed)
+
+    def word_embeddings_weight(self):
+        return self.language_model.embedding.word_embeddings_weight
+
+    def forward(self, tokens, labels=None, loss_mask=None):
+        logits = parallel_lm_logits(self.language_model(tokens), self.word_embeddings_weight())
+        if labels is None:
+            return logits  # [s, b, V/tp]
+        return lm_loss(logits, labels, loss_mask)
+
+
+class EmbeddingPipe(Embedding):
+    """The tied "embed" module: input embedding on the first stage, output layer on the last."""
+
+
+def _logits_helper(embedding, hidden_states):
+    return parallel_lm_logits(hidden_states, embedding.word_embeddings_weight)
+
+
+def _pipe_loss(logits, labels):
+    labels, loss_mask = labels
+    return lm_loss(logits, labels, loss_mask)
+
+
+def _seed_layer(seed):
+    # DeepSpeed's type: partitioning yields numpy layer indices; `random.seed` wants an int
+    set_random_seed(int(seed))
+
+
+class GPTModelPipe(PipelineModule):
+    """Pipeline inputs: tokens [b, s]; labels: (labels [b, s], loss_mask [b, s]). Attention is
+    causal and positions are implicit, so only hidden states [s, b, h] cross stage boundaries."""
+
+    def __init__(self, config, topology, seed=1234):
+        specs = [TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings_weight")]
+        specs += [LayerSpec(ParallelTransformerLayerPipe, config, layer_number=i + 1)
+                  for i in range(config.num_layers)]
+        specs.append(LayerSpec(LayerNorm, config.hidden_size, eps=config.layernorm_epsilon))
+        specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
+                                   tied_weight_attr="word_embeddings_weight"))
+        interval = config.checkpoint_num_layers if config.checkpoint_activations else 0
+        super().__init__(layers=specs, loss_fn=_pipe_loss, topology=topology,
+                         seed_layers=True, base_seed=seed, seed_fn=_seed_layer,
+                         partition_method="type:transformer",
+                         activation_checkpoint_interval=interval,
+                         activation_checkpoint_func=mpu.checkpoint,
+                         checkpointable_layers=["ParallelTransformerLayerPipe"])

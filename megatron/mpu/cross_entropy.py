@@ -1,0 +1,50 @@
+"""Cross entropy over logits split along the vocabulary across TP ranks, without gathering them:
+the max, the sum of exponentials and the target logit are each all-reduced as scalars per token."""
+import torch
+import torch.distributed as dist
+
+from .parallel_state import (get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
+                             get_tensor_model_parallel_world_size)
+
+
+def _all_reduce(x, op):
+    if get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(x, op=op, group=get_tensor_model_parallel_group())
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, logits, target):
+        # logits: [..., V/tp] (fp32), target: [...] global vocabulary ids
+        logits_max = logits.max(dim=-1)[0]
+        _all_reduce(logits_max, dist.ReduceOp.MAX)
+        logits = logits - logits_max.unsqueeze(-1)
+
+        per_rank = logits.size(-1)
+        start = get_tensor_model_parallel_rank() * per_rank
+        outside = (target < start) | (target >= start + per_rank)
+        local_target = (target - start).masked_fill(outside, 0)
+        predicted = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        _all_reduce(predicted, dist.ReduceOp.SUM)
+
+        exp_logits = logits.exp()
+        sum_exp = exp_logits.sum(dim=-1)
+        _all_reduce(sum_exp, dist.ReduceOp.SUM)
+        loss = sum_exp.log() - predicted
+
+        softmax = exp_logits.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, outside, local_target)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, outside, local_target = ctx.saved_tensors
+        grad = softmax  # d loss / d logits = softmax - onehot(target)
+        grad.scatter_add_(-1, local_target.unsqueeze(-1), (outside.to(grad.dtype) - 1.0).unsqueeze(-1))
+        return grad * grad_output.unsqueeze(-1), None
+
+
+def vocab_parallel_cross_entropy(logits, target):
+    """Per-token loss; logits are upcast to fp32 for a stable softmax."""
+    return _VocabParallelCrossEntropy.apply(logits.float(), target)

@@ -1,0 +1,97 @@
+"""Tensor-parallel layers.
+
+Each layer initialises the *full* (TP=1) weight with the caller's init method and keeps its own
+slice, so a TP=n model holds exactly the slices of the TP=1 weights for the same seed. Split
+parameters carry `tensor_model_parallel` / `partition_dim` tags; untagged parameters are
+replicated on every TP rank (the parameter count and gradient-norm code rely on this).
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
+                       reduce_from_tensor_model_parallel_region)
+from .parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+
+def set_tensor_model_parallel_attributes(param, partition_dim):
+    param.tensor_model_parallel = True
+    param.partition_dim = partition_dim
+    param.partition_stride = 1
+
+
+def param_is_tensor_parallel(param):
+    return getattr(param, "tensor_model_parallel", False)
+
+
+def _sliced_parameter(full_shape, partition_dim, init_method, dtype):
+    master = torch.empty(full_shape, dtype=torch.float32)
+    init_method(master)
+    world = get_tensor_model_parallel_world_size()
+    local = master.chunk(world, dim=partition_dim)[get_tensor_model_parallel_rank()]
+    param = nn.Parameter(local.to(dtype).contiguous())
+    set_tensor_model_parallel_attributes(param, partition_dim)
+    return param
+
+
+def divide(numerator, denominator):
+    assert numerator % denominator == 0, f"{numerator} is not divisible by {denominator}"
+    return numerator // denominator
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding split along the (padded) vocabulary: each TP rank owns a contiguous id range."""
+
+    def __init__(self, num_embeddings, embedding_dim, init_method, params_dtype=torch.float32):
+        super().__init__()
+        world = get_tensor_model_parallel_world_size()
+        per_rank = divide(num_embeddings, world)
+        self.vocab_start_index = get_tensor_model_parallel_rank() * per_rank
+        self.vocab_end_index = self.vocab_start_index + per_rank
+        self.num_embeddings = num_embeddings
+        self.weight = _sliced_parameter((num_embeddings, embedding_dim), 0, init_method, params_dtype)
+
+    def forward(self, input_ids):
+        if get_tensor_model_parallel_world_size() == 1:
+            return F.embedding(input_ids, self.weight)
+        # ids outside our slice look up row 0 and are zeroed; the all-reduce fills them in
+        outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
+        local_ids = (input_ids - self.vocab_start_index).masked_fill(outside, 0)
+        out = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tensor_model_parallel_region(out)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = XA + b with A split along its output dimension: A = [A_1 ... A_p]."""
+
+    def __init__(self, input_size, output_size, init_method, bias=True, gather_output=False,
+                 params_dtype=torch.float32):
+        super().__init__()
+        self.gather_output = gather_output
+        self.weight = _sliced_parameter((output_size, input_size), 0, init_method, params_dtype)
+        if bias:
+            self.bias = _sliced_parameter((output_size,), 0, nn.init.zeros_, params_dtype)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        x = copy_to_tensor_model_parallel_region(x)
+        y = F.linear(x, self.weight, self.bias)
+        return gather_from_tensor_model_parallel_region(y) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    """Y = XA + b with A split along its input dimension; partial products are all-reduced.
+    The bias is replicated and added once, after the reduction."""
+
+    def __init__(self, input_size, output_size, init_method, bias=True, params_dtype=torch.float32):
+        super().__init__()
+        self.weight = _sliced_parameter((output_size, input_size), 1, init_method, params_dtype)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(output_size, dtype=params_dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        y = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y

@@ -1,0 +1,81 @@
+"""Autograd-aware communication over the tensor-model-parallel group.
+
+Each function is the identity when TP=1, so the TP=1 model runs no collective at all.
+"""
+import torch
+import torch.distributed as dist
+
+from .parallel_state import get_tensor_model_parallel_group, get_tensor_model_parallel_world_size
+
+
+def _reduce(x):
+    if get_tensor_model_parallel_world_size() == 1:
+        return x
+    x = x.clone()  # autograd inputs must not be modified in place
+    dist.all_reduce(x, group=get_tensor_model_parallel_group())
+    return x
+
+
+def _gather_last_dim(x):
+    world = get_tensor_model_parallel_world_size()
+    if world == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=-1)
+
+
+def _split_last_dim(x):
+    world = get_tensor_model_parallel_world_size()
+    if world == 1:
+        return x
+    rank = dist.get_rank(group=get_tensor_model_parallel_group())
+    return x.chunk(world, dim=-1)[rank].contiguous()
+
+
+class _CopyToModelParallelRegion(torch.autograd.Function):
+    """Forward: identity. Backward: all-reduce (each TP rank used the full input)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce(grad)
+
+
+class _ReduceFromModelParallelRegion(torch.autograd.Function):
+    """Forward: all-reduce partial sums. Backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _reduce(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _GatherFromModelParallelRegion(torch.autograd.Function):
+    """Forward: concatenate the last-dim slices. Backward: keep our slice."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _gather_last_dim(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_last_dim(grad)
+
+
+def copy_to_tensor_model_parallel_region(x):
+    return _CopyToModelParallelRegion.apply(x)
+
+
+def reduce_from_tensor_model_parallel_region(x):
+    return _ReduceFromModelParallelRegion.apply(x)
+
+
+def gather_from_tensor_model_parallel_region(x):
+    return _GatherFromModelParallelRegion.apply(x)

@@ -1,0 +1,122 @@
+"""Tensor / pipeline / data parallel groups.
+
+DeepSpeed's `PipeModelDataParallelTopology` is the single source of truth for which rank sits
+where (axes pipe, data, model; model varies fastest), so the groups built here are exactly the
+ones DeepSpeed's pipeline grid builds from the same topology object.
+"""
+import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+_TOPOLOGY = None
+_TP_GROUP = None        # ranks holding the other slices of the same layers
+_PP_GROUP = None        # ranks holding the other stages of the same TP slice
+_DP_GROUP = None        # replicas of the same (stage, slice)
+_MP_GROUP = None        # TP x PP: one whole model replica
+_TP_RANKS = None
+
+
+def initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1):
+    """Create every group on every rank, in the same order (new_group is collective)."""
+    global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _TP_RANKS
+    world_size = dist.get_world_size()
+    rank = dist.get_rank()
+    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    assert world_size % (tp * pp) == 0, "validated in arguments.py"
+    topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world_size // (tp * pp))
+
+    def _mine(lists):
+        found = None
+        for ranks in lists:
+            group = dist.new_group(ranks=ranks)
+            if rank in ranks:
+                found = (group, ranks)
+        return found
+
+    _TP_GROUP, _TP_RANKS = _mine(topo.get_axis_comm_lists("model"))
+    _PP_GROUP, _ = _mine(topo.get_axis_comm_lists("pipe"))
+    _DP_GROUP, _ = _mine(topo.get_axis_comm_lists("data"))
+    _MP_GROUP, _ = _mine([topo.filter_match(data=d) for d in range(topo.get_dim("data"))])
+    _TOPOLOGY = topo
+
+
+def model_parallel_is_initialized():
+    return _TOPOLOGY is not None
+
+
+def destroy_model_parallel():
+    global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _TP_RANKS
+    _TOPOLOGY = _TP_GROUP = _PP_GROUP = _DP_GROUP = _MP_GROUP = _TP_RANKS = None
+
+
+def get_topology():
+    return _TOPOLOGY
+
+
+def _coord():
+    return _TOPOLOGY.get_coord(dist.get_rank())
+
+
+# --- tensor model parallel -------------------------------------------------------------
+def get_tensor_model_parallel_group():
+    return _TP_GROUP
+
+
+def get_tensor_model_parallel_world_size():
+    return _TOPOLOGY.get_dim("model")
+
+
+def get_tensor_model_parallel_rank():
+    return _coord().model
+
+
+def get_tensor_model_parallel_src_rank():
+    """Global rank of TP rank 0 in this rank's TP group."""
+    return _TP_RANKS[0]
+
+
+# --- pipeline model parallel -----------------------------------------------------------
+def get_pipeline_model_parallel_group():
+    return _PP_GROUP
+
+
+def get_pipeline_model_parallel_world_size():
+    return _TOPOLOGY.get_dim("pipe")
+
+
+def get_pipeline_model_parallel_rank():
+    return _coord().pipe
+
+
+def is_pipeline_first_stage():
+    return get_pipeline_model_parallel_rank() == 0
+
+
+def is_pipeline_last_stage():
+    return get_pipeline_model_parallel_rank() == get_pipeline_model_parallel_world_size() - 1
+
+
+# --- data parallel ---------------------------------------------------------------------
+def get_data_parallel_group():
+    return _DP_GROUP
+
+
+def get_data_parallel_world_size():
+    return _TOPOLOGY.get_dim("data")
+
+
+def get_data_parallel_rank():
+    return _coord().data
+
+
+# --- model parallel = TP x PP (one replica). With PP=1 (the only case in which DeepSpeed's
+# non-pipeline engine receives this module as `mpu`) it is the TP group, as DeepSpeed expects.
+def get_model_parallel_group():
+    return _MP_GROUP
+
+
+def get_model_parallel_world_size():
+    return get_tensor_model_parallel_world_size() * get_pipeline_model_parallel_world_size()
+
+
+def get_model_parallel_rank():
+    return dist.get_rank(group=_MP_GROUP)

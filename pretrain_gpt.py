@@ -1,0 +1,63 @@
+"""Pretrain GPT: `deepspeed pretrain_gpt.py <Megatron-DeepSpeed flags>`."""
+import sys
+
+import torch
+
+from megatron import mpu, print_rank_0
+from megatron.arguments import ConfigError
+from megatron.model.config import GPTConfig
+from megatron.model.gpt_model import GPTModel, GPTModelPipe
+
+
+def model_provider(args):
+    config = GPTConfig.from_args(args)
+    if args.ds_pipeline_enabled:
+        return GPTModelPipe(config, topology=mpu.get_topology(), seed=args.seed)
+    return GPTModel(config, seed=args.seed)
+
+
+def get_batch(data):
+    """{"text": [b, s+1]} -> (tokens [b, s], (labels [b, s], loss_mask [b, s]))."""
+    from megatron import get_args, get_tokenizer
+    text = data["text"].long()
+    tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
+    loss_mask = torch.ones(labels.shape, dtype=torch.float32)
+    if get_args().eod_mask_loss:
+        loss_mask[tokens == get_tokenizer().eod] = 0.0
+    if torch.cuda.is_available():
+        tokens, labels, loss_mask = (t.cuda(non_blocking=True) for t in (tokens, labels, loss_mask))
+    return tokens, (labels, loss_mask)
+
+
+def forward_step(batch, model):
+    tokens, (labels, loss_mask) = batch
+    return model(tokens, labels, loss_mask)
+
+
+def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
+    print_rank_0(f"building train / valid / test datasets for {train_valid_test_num_samples} samples")
+    if args.mock_data:
+        from megatron.data.mock_dataset import build_mock_datasets
+        from megatron import get_tokenizer
+        return build_mock_datasets(train_valid_test_num_samples, args.seq_length, get_tokenizer().vocab_size,
+                                   args.seed)
+    from megatron.data.gpt_dataset import build_train_valid_test_datasets
+    return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
+                                           splits_string=args.split,
+                                           train_valid_test_num_samples=train_valid_test_num_samples,
+                                           seq_length=args.seq_length, seed=args.seed, skip_warmup=True)
+
+
+def main(args_list=None):
+    from megatron.training import pretrain
+    try:
+        return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
+                        args_list=args_list)
+    except ConfigError as e:
+        # one line naming the flag and the fix, instead of a stack trace from deep inside
+        print(f"pretrain_gpt.py: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron-ds-exact",
+    version="0.1.0",
+    description="Megatron-DeepSpeed-style GPT pretraining with an exact, once-computed parameter count",
+    packages=find_packages(include=["megatron", "megatron.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.1",
+        "deepspeed>=0.14",
+        "numpy",
+        "tensorboard",
+        "regex",
+        "six",
+    ],
+    extras_require={
+        # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
+        "test": ["pytest", "tokenizers"],
+    },
+)
