@@ -1,27 +1,27 @@
 """--mock-data: a synthetic but learnable token stream, so a run needs no dataset.
 
-Every sample walks the same random permutation of the vocabulary from a random start
-(token[t+1] = perm[token[t]]), so a bigram model predicts it exactly: a working trainer's loss
-falls from log(vocab) towards 0. The permutation depends on the seed alone, so the validation
-and test splits (other starts) follow the same rule."""
+Every sample walks one fixed random cycle through CYCLE_LENGTH distinct token ids from a random
+starting point. Two things are learnable: which few ids occur at all (the loss drops from
+log(vocab) to log(CYCLE_LENGTH) within a few iterations) and the successor of each id (the loss
+then falls towards 0). The cycle depends on the seed alone, so the validation and test splits
+(other starting points) follow the same rule."""
 import numpy as np
+
+CYCLE_LENGTH = 64
 
 
 class MockGPTDataset:
     def __init__(self, num_samples, seq_length, vocab_size, seed, split=0):
         self.num_samples, self.seq_length, self.seed, self.split = num_samples, seq_length, seed, split
-        self.perm = np.random.default_rng(seed).permutation(vocab_size)
+        self.cycle = np.random.default_rng(seed).permutation(vocab_size)[:CYCLE_LENGTH].astype(np.int64)
 
     def __len__(self):
         return self.num_samples
 
     def __getitem__(self, idx):
-        token = np.random.default_rng([self.seed, self.split, idx]).integers(len(self.perm))
-        text = np.empty(self.seq_length + 1, dtype=np.int64)
-        for t in range(self.seq_length + 1):
-            text[t] = token
-            token = self.perm[token]
-        return {"text": text}
+        start = np.random.default_rng([self.seed, self.split, idx]).integers(len(self.cycle))
+        positions = (start + np.arange(self.seq_length + 1)) % len(self.cycle)
+        return {"text": self.cycle[positions]}
 
 
 def build_mock_datasets(train_valid_test_num_samples, seq_length, vocab_size, seed):

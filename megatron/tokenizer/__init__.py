@@ -1,0 +1,3 @@
+from .tokenizer import build_tokenizer
+
+__all__ = ["build_tokenizer"]

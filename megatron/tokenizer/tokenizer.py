@@ -1,0 +1,105 @@
+"""Megatron tokenizers: build one from the command-line arguments."""
+import os
+
+from .gpt2_tokenization import GPT2Tokenizer
+
+EOD_TOKEN = "<|endoftext|>"
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "NullTokenizer")
+
+
+def build_tokenizer(args):
+    """Tokenizer named by args.tokenizer_type; the vocab is left unpadded.
+
+    With no --tokenizer-type, GPT2BPETokenizer is used when --vocab-file and
+    --merge-file are both given, NullTokenizer otherwise.
+    """
+    vocab_file = getattr(args, "vocab_file", None)
+    merge_file = getattr(args, "merge_file", None)
+    tokenizer_type = getattr(args, "tokenizer_type", None)
+    if tokenizer_type is None:
+        tokenizer_type = "GPT2BPETokenizer" if vocab_file and merge_file else "NullTokenizer"
+    if tokenizer_type == "GPT2BPETokenizer":
+        return _GPT2BPETokenizer(vocab_file, merge_file)
+    if tokenizer_type == "NullTokenizer":
+        return _NullTokenizer(getattr(args, "vocab_size", None))
+    raise ValueError(f"--tokenizer-type {tokenizer_type!r} is not supported; use one of {', '.join(TOKENIZER_TYPES)}")
+
+
+def _require_file(flag, path):
+    if not path:
+        raise ValueError(f"GPT2BPETokenizer needs {flag}; pass the GPT-2 format file (e.g. data/gpt2-vocab.json, data/gpt2-merges.txt)")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag} {path} does not exist; pass an existing GPT-2 format file (e.g. the one in data/)")
+
+
+class _GPT2BPETokenizer:
+    """GPT-2 byte-level BPE; end of document is the vocab's <|endoftext|>."""
+
+    name = "GPT2BPETokenizer"
+
+    def __init__(self, vocab_file, merge_file):
+        _require_file("--vocab-file", vocab_file)
+        _require_file("--merge-file", merge_file)
+        self.tokenizer = GPT2Tokenizer(vocab_file, merge_file)
+        if EOD_TOKEN not in self.tokenizer.encoder:
+            raise ValueError(f"--vocab-file {vocab_file} has no {EOD_TOKEN} token; it is needed as the end-of-document id")
+        self.eod_id = self.tokenizer.encoder[EOD_TOKEN]
+
+    @property
+    def vocab_size(self):
+        return len(self.tokenizer.encoder)
+
+    @property
+    def vocab(self):
+        return self.tokenizer.encoder
+
+    @property
+    def inv_vocab(self):
+        return self.tokenizer.decoder
+
+    @property
+    def eod(self):
+        return self.eod_id
+
+    def tokenize(self, text):
+        return self.tokenizer.encode(text)
+
+    def detokenize(self, token_ids):
+        return self.tokenizer.decode(token_ids)
+
+
+class _NullTokenizer:
+    """Text is already token ids, written as space-separated integers.
+
+    Useful for synthetic data and benchmarks; the last id is end of document.
+    """
+
+    name = "NullTokenizer"
+
+    def __init__(self, vocab_size):
+        if vocab_size is None or int(vocab_size) < 2:
+            raise ValueError(
+                "NullTokenizer needs --vocab-size of at least 2 "
+                "(or pass --vocab-file and --merge-file to use GPT2BPETokenizer)"
+            )
+        self.vocab_size = int(vocab_size)
+        self.eod = self.vocab_size - 1
+
+    @property
+    def vocab(self):
+        return {str(i): i for i in range(self.vocab_size)}
+
+    @property
+    def inv_vocab(self):
+        return {i: str(i) for i in range(self.vocab_size)}
+
+    def tokenize(self, text):
+        ids = []
+        for token in text.split():
+            if not token.isdigit() or int(token) >= self.vocab_size:
+                raise ValueError(f"NullTokenizer: {token!r} is not a token id in [0, --vocab-size={self.vocab_size})")
+            ids.append(int(token))
+        return ids
+
+    def detokenize(self, token_ids):
+        return " ".join(str(i) for i in token_ids)
