@@ -1,13 +1,14 @@
 """Megatron-DeepSpeed-style GPT pretraining with an exact, once-computed parameter count."""
-import torch
 
 
 def _rank():
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    import torch.distributed as dist  # lazy: tools/param_count.py must not pay for torch
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _world_size():
-    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def print_rank_0(message):

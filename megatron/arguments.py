@@ -337,7 +337,8 @@ def _apply_deepspeed_config(args):
                           "min_loss_scale": args.min_loss_scale}
     if args.bf16 and "bf16" not in config:
         config["bf16"] = {"enabled": True}
-    config.setdefault("gradient_clipping", args.clip_grad)
+    # as in Megatron-DeepSpeed, the ds_config's clipping wins over --clip-grad when both are given
+    args.clip_grad = config.setdefault("gradient_clipping", args.clip_grad)
     zero = config.setdefault("zero_optimization", {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage

@@ -1,8 +1,6 @@
 """Process-wide singletons: args, timers, TensorBoard writer, tokenizer."""
 import time
 
-import torch
-
 _GLOBAL_ARGS = None
 _GLOBAL_TIMERS = None
 _GLOBAL_TENSORBOARD_WRITER = None
@@ -64,6 +62,7 @@ class _Timer:
         self.started = time.time()
 
     def stop(self):
+        import torch
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # time the device work, not the kernel launches
         self.elapsed_ += time.time() - self.started

@@ -16,6 +16,7 @@ from megatron.global_vars import close_tensorboard_writer, get_tensorboard_write
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
 from megatron.microbatches import NumMicroBatchesCalculator
+from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import evaluation_log, log_model_size, training_log
 from megatron.utils import (compute_parameter_counts, format_parameter_report, gigaflos_no_embeds,
                             parameter_count_mismatches)
@@ -62,12 +63,14 @@ def setup_model_and_optimizer(model_provider, args):
               "(megatron.utils.analytic_parameter_counts): " + "; ".join(problems), flush=True)
     log_model_size(args)
 
-    optimizer = _build_optimizer(model, args)
+    optimizer = build_optimizer(model, args)
     calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                            args.data_parallel_size, args.rampup_batch_size)
     lr_scheduler = _build_lr_scheduler(optimizer, args)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                           config=args.deepspeed_config_dict,
+    config = dict(args.deepspeed_config_dict)
+    if uses_own_clipping(args):
+        config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                            mpu=None if args.ds_pipeline_enabled else mpu)
     lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
     lr_scheduler.step(0)
@@ -75,24 +78,6 @@ def setup_model_and_optimizer(model_provider, args):
     args.gigaflos_no_embeds = 0.0
     args.last_saved_iteration = None
     return engine, lr_scheduler, calculator
-
-
-def _build_optimizer(model, args):
-    """Biases and LayerNorm gains (the 1-D parameters) get no weight decay."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    if args.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=args.lr, momentum=args.sgd_momentum)
-    try:
-        from apex.optimizers import FusedAdam
-        if torch.cuda.is_available():
-            return FusedAdam(groups, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-                             adam_w_mode=True)
-    except ImportError:  # apex is optional
-        pass
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
 
 
 def _train_samples(args):

@@ -14,10 +14,9 @@ Ownership, so that every parameter of the model is counted exactly once:
   * a tensor reachable twice in one module (a plain tied output layer) counts once;
   * a ZeRO-3 partitioned parameter counts its full size (`ds_numel`).
 DP replicas hold the same parameters and are not summed.
-"""
-import torch
-import torch.distributed as dist
 
+torch is imported lazily: tools/param_count.py uses the analytic half without it.
+"""
 COMPONENTS = ("word_embeddings", "position_embeddings", "attention", "mlp", "layernorm")
 EMBEDDING_COMPONENTS = ("word_embeddings", "position_embeddings")
 
@@ -138,10 +137,17 @@ def _numel(param):
     return getattr(param, "ds_numel", None) or param.numel()
 
 
+def is_owned_parameter(param, tp_rank):
+    """Whether this rank owns `param` for counting (and for the gradient norm): not DeepSpeed's
+    non-owner copy of a tied module, and, if TP-replicated, only on TP rank 0."""
+    if getattr(param, "ds_pipe_replicated", False):
+        return False
+    return tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
+
+
 def count_local_parameters(model, tp_rank):
     """This rank's view: ({component: owned count}, all local elements, transformer layers)."""
     from megatron.model.transformer import ParallelTransformerLayer
-    from megatron.mpu import param_is_tensor_parallel
 
     component = _component_of_parameters(model)
     owned = dict.fromkeys(COMPONENTS, 0)
@@ -152,9 +158,7 @@ def count_local_parameters(model, tp_rank):
             continue
         seen.add(id(p))
         local += _numel(p)
-        if getattr(p, "ds_pipe_replicated", False):
-            continue
-        if not param_is_tensor_parallel(p) and tp_rank != 0:
+        if not is_owned_parameter(p, tp_rank):
             continue
         if id(p) not in component:
             raise RuntimeError(f"parameter of shape {tuple(p.shape)} belongs to no known component; "
@@ -167,6 +171,9 @@ def count_local_parameters(model, tp_rank):
 def compute_parameter_counts(model, args, mpu):
     """Count once, cache on args. One collective: an int64 all-reduce over TP x PP holding the
     component totals and, per stage, (layers, elements held by its TP rank 0, owned elements)."""
+    import torch
+    import torch.distributed as dist
+
     tp_rank = mpu.get_tensor_model_parallel_rank()
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
     owned, local, layers = count_local_parameters(model, tp_rank)

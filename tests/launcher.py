@@ -1,0 +1,42 @@
+"""Launch real multi-process training runs the way users do: `deepspeed --num_gpus N ...`."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+from distributed import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(ROOT, "tests", "pretrain_driver.py")
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--micro-batch-size", "2", "--lr", "3e-3", "--lr-warmup-iters", "1",
+        "--mock-data", "--vocab-size", "600", "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1", "--seed", "1234"]
+
+
+def launch(num_ranks, args, out_dir, script=DRIVER, timeout=600, check=True):
+    """Returns (completed process, {rank: driver json}) ; stdout+stderr in proc.stdout."""
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", DRIVER_OUT=out_dir, OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
+           "--master_port", str(free_port()), script] + [str(a) for a in args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
+    ranks = {}
+    for r in range(num_ranks):
+        path = os.path.join(out_dir, f"rank{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                ranks[r] = json.load(f)
+    return proc, ranks
+
+
+def losses(output):
+    """{iteration: lm loss} from the Megatron log lines."""
+    return {int(m.group(1)): float(m.group(2))
+            for m in re.finditer(r"iteration\s+(\d+)/\s*\S+ \|.*?lm loss: ([0-9.E+-]+)", output)}

@@ -1,0 +1,97 @@
+"""Runs pretrain_gpt.py's main() under `deepspeed`, instrumented for the tests, and writes what
+each rank saw to $DRIVER_OUT/rank{R}.json:
+
+  * DeepSpeed's own engine view (its UNIQUE_PARAMS log line, made visible at INFO level);
+  * our cached counts from args;
+  * spies: torch.distributed collectives and Module.parameters()/named_parameters() calls made
+    while megatron.training.training_log runs, and how often the count itself ran.
+"""
+import json
+import logging
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from deepspeed.utils import logger as ds_logger  # noqa: E402
+
+import megatron.training as training  # noqa: E402
+import pretrain_gpt  # noqa: E402
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
+state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
+         "count_calls": 0, "ds_unique": None, "ds_total": None}
+
+
+def _spy(owner, name, counter):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        if state["in_log"]:
+            state[counter] += 1
+        return original(*args, **kwargs)
+    setattr(owner, name, wrapper)
+
+
+for name in COLLECTIVES:
+    if hasattr(dist, name):
+        _spy(dist, name, "collectives_in_log")
+_spy(torch.nn.Module, "parameters", "parameter_walks_in_log")
+_spy(torch.nn.Module, "named_parameters", "parameter_walks_in_log")
+
+_training_log = training.training_log
+
+
+def training_log(*args, **kwargs):
+    state["log_calls"] += 1
+    state["in_log"] = True
+    try:
+        return _training_log(*args, **kwargs)
+    finally:
+        state["in_log"] = False
+
+
+_count = training.compute_parameter_counts
+
+
+def compute_parameter_counts(*args, **kwargs):
+    state["count_calls"] += 1
+    return _count(*args, **kwargs)
+
+
+training.training_log = training_log
+training.compute_parameter_counts = compute_parameter_counts
+
+
+class _EngineView(logging.Handler):
+    def emit(self, record):
+        match = re.search(r"TOTAL_PARAMS=(\d+).*UNIQUE_PARAMS=(\d+)", record.getMessage())
+        if match:
+            state["ds_total"], state["ds_unique"] = int(match.group(1)), int(match.group(2))
+
+
+ds_logger.setLevel(logging.INFO)
+ds_logger.addHandler(_EngineView(level=logging.INFO))
+
+
+def main():
+    args = pretrain_gpt.main(sys.argv[1:])
+    out = os.environ["DRIVER_OUT"]
+    result = dict(state, rank=args.rank, parameters=args.parameters,
+                  parameters_no_embedding=args.parameters_no_embedding,
+                  parameters_in_billions=args.parameters_in_billions,
+                  parameters_in_billions_no_embedding=args.parameters_in_billions_no_embedding,
+                  components=args.parameter_components, stages=args.parameter_stages,
+                  flops_per_sample=args.flops_per_sample, padded_vocab_size=args.padded_vocab_size,
+                  iteration=args.iteration, gigaflos_no_embeds=args.gigaflos_no_embeds)
+    del result["in_log"]
+    with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""PP=2 equals PP=1 through DeepSpeed's pipeline engine: same initial weights, same loss, and
+the tied word embedding gets the gradient of both its uses and stays identical on both stages."""
+import torch
+
+from distributed import run_distributed
+from model_fixtures import SEED, tiny_batch, tiny_config
+
+MICRO_BATCHES = 2
+CLIP = 0.5  # below the first step's gradient norm, so clipping is active
+
+
+def _pipeline_step():
+    import deepspeed
+    from megatron import mpu
+    from megatron.model.gpt_model import GPTModelPipe
+    from megatron.optimizer import install_gradient_clipping
+    config = tiny_config(num_layers=3)
+    model = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    # our exact-norm clipping (DeepSpeed's own fp32 clipping counts the tied embedding twice)
+    install_gradient_clipping(optimizer, CLIP, mpu.get_tensor_model_parallel_rank(), mpu.get_model_parallel_group())
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer,
+        config={"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": MICRO_BATCHES,
+                "gradient_clipping": 0.0, "steps_per_print": 10 ** 9})
+    batches = []
+    for i in range(MICRO_BATCHES):
+        tokens, labels, loss_mask = tiny_batch(config, seed=i)
+        batches.append((tokens, (labels, loss_mask)))
+    eval_loss = engine.eval_batch(iter(batches)).item()
+    train_loss = engine.train_batch(iter(batches)).item()
+    return {"grad_norm": float(engine.get_global_grad_norm()), "initial": initial, "updated": {k: v.clone() for k, v in model.state_dict().items()},
+            "eval_loss": eval_loss, "train_loss": train_loss, "stage": mpu.get_pipeline_model_parallel_rank()}
+
+
+def test_pp2_matches_pp1_and_keeps_tied_embedding_in_sync():
+    [ref] = run_distributed(1, _pipeline_step)
+    stages = run_distributed(2, _pipeline_step, pp=2)
+    word = "tied_modules.embed.word_embeddings.weight"
+    layer_keys = set()
+    for out in stages:
+        # one batch, same weights: same loss on every stage (DeepSpeed broadcasts the last stage's)
+        assert abs(out["eval_loss"] - ref["eval_loss"]) < 1e-6
+        assert abs(out["train_loss"] - ref["train_loss"]) < 1e-6
+        assert abs(out["grad_norm"] - ref["grad_norm"]) < 1e-5 * ref["grad_norm"]
+        assert ref["grad_norm"] > CLIP
+        for key, value in out["initial"].items():
+            if key.startswith("tied_modules") and "position" in key and out["stage"] == 1:
+                continue  # the last stage's unused copy of the position embedding
+            assert torch.equal(value, ref["initial"][key]), key
+            torch.testing.assert_close(out["updated"][key], ref["updated"][key], rtol=1e-5, atol=1e-6, msg=key)
+        layer_keys |= {k for k in out["initial"] if not k.startswith("tied_modules")}
+    assert layer_keys == {k for k in ref["initial"] if not k.startswith("tied_modules")}
+    first, last = stages[0]["updated"][word], stages[1]["updated"][word]
+    assert torch.equal(first, last), "tied embedding diverged between first and last stage"
+    # both uses contributed: the input embedding alone touches only the rows of input tokens,
+    # the output layer touches every row; with PP=1 as the reference the update matches exactly
+    moved = (first != stages[0]["initial"][word]).any(dim=1)
+    assert moved.all(), "rows of tokens never seen as input must still move (output-layer gradient)"
