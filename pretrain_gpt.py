@@ -42,10 +42,13 @@ def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
         return build_mock_datasets(train_valid_test_num_samples, args.seq_length, get_tokenizer().vocab_size,
                                    args.seed)
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
-    return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
-                                           splits_string=args.split,
-                                           train_valid_test_num_samples=train_valid_test_num_samples,
-                                           seq_length=args.seq_length, seed=args.seed, skip_warmup=True)
+    try:
+        return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
+                                               splits_string=args.split,
+                                               train_valid_test_num_samples=train_valid_test_num_samples,
+                                               seq_length=args.seq_length, seed=args.seed, skip_warmup=True)
+    except (ValueError, OSError) as e:  # --data-path / --split that cannot give the samples asked for
+        raise ConfigError(str(e)) from None
 
 
 def main(args_list=None):

@@ -293,16 +293,23 @@ def _validate_precision(args, cuda_available):
 
 
 def _validate_data(args):
+    for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
+        _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
     if args.mock_data:
-        _require(args.vocab_size is not None or args.vocab_file is not None,
-                 "--mock-data needs --vocab-size N (or --vocab-file)")
+        _require(args.vocab_size is not None or (args.vocab_file and args.merge_file),
+                 "--mock-data needs --vocab-size N (or --vocab-file and --merge-file)")
         return
     _require(args.data_path, "--data-path is required (or pass --mock-data for a synthetic token stream)")
     if args.tokenizer_type in (None, "GPT2BPETokenizer"):
         _require(args.vocab_file and args.merge_file,
                  "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")
-    for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
-        _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
+    # weight/prefix pairs or a single prefix; the files must exist before anything is launched
+    prefixes = args.data_path[1::2] if len(args.data_path) > 1 else args.data_path
+    for prefix in prefixes:
+        for suffix in (".bin", ".idx"):
+            _require(os.path.isfile(prefix + suffix),
+                     f"--data-path {prefix}: {prefix + suffix} does not exist; create it with "
+                     f"tools/preprocess_data.py --output-prefix ... (the prefix ends in _text_document)")
 
 
 def _apply_deepspeed_config(args):

@@ -51,7 +51,7 @@ def _rng_state():
     return state
 
 
-def _set_rng_state(state):
+def set_rng_state(state):
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -106,13 +106,19 @@ def check_layout(load_dir, iteration, args):
                           f"launch with the saved layout")
 
 
+def check_load_layout(args):
+    iteration = read_tracker(args.load)
+    if iteration is not None:
+        check_layout(args.load, iteration, args)
+
+
 def load_checkpoint(engine, lr_scheduler, args):
-    """Returns the iteration to continue from (0 when DIR holds no checkpoint yet)."""
+    """Returns (iteration to continue from, saved RNG state or None). The caller restores the
+    RNG state once everything that draws from the RNG during setup has run."""
     iteration = read_tracker(args.load)
     if iteration is None:
         print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
-        return 0
-    check_layout(args.load, iteration, args)
+        return 0, None
     path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
                                                 load_optimizer_states=not args.no_load_optim and not args.finetune,
                                                 load_lr_scheduler_states=False)
@@ -120,13 +126,12 @@ def load_checkpoint(engine, lr_scheduler, args):
         raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
     if args.finetune:
         print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
-        return 0
+        return 0, None
     args.consumed_train_samples = client_state["consumed_train_samples"]
     args.consumed_valid_samples = client_state["consumed_valid_samples"]
     args.gigaflos_no_embeds = client_state["gigaflos_no_embeds"]
     lr_scheduler.load_state_dict(client_state["lr_scheduler"])
-    if "rng_state" in client_state and not args.no_load_rng:
-        _set_rng_state(client_state["rng_state"])
     args.last_saved_iteration = client_state["iteration"]
     print_rank_0(f"loaded checkpoint {path} at iteration {client_state['iteration']}")
-    return client_state["iteration"]
+    rng_state = None if args.no_load_rng else client_state.get("rng_state")
+    return client_state["iteration"], rng_state

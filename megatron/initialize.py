@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.arguments import parse_args, validate_args
+from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tensorboard_writer, set_tokenizer
 from megatron.utils import pad_vocab_size
 
@@ -48,7 +48,10 @@ def _initialize_distributed(args):
 
 def _build_tokenizer(args):
     from megatron.tokenizer import build_tokenizer
-    tokenizer = build_tokenizer(args)
+    try:
+        tokenizer = build_tokenizer(args)
+    except (ValueError, OSError) as e:  # unreadable or malformed --vocab-file / --merge-file
+        raise ConfigError(str(e)) from None
     set_tokenizer(tokenizer)
     args.padded_vocab_size = pad_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
                                             args.tensor_model_parallel_size)

@@ -10,8 +10,8 @@ import time
 import deepspeed
 import torch
 
-from megatron import mpu, print_rank_0, print_rank_last
-from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron import mpu, print_rank_0
+from megatron.checkpointing import check_load_layout, load_checkpoint, save_checkpoint, set_rng_state
 from megatron.global_vars import close_tensorboard_writer, get_tensorboard_writer, get_timers
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
@@ -28,11 +28,15 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
     (inputs, labels) for the pipeline engine."""
     start = time.time()
     args = initialize_megatron(extra_args_provider, args_list)
+    if args.load:
+        check_load_layout(args)  # a mismatched checkpoint fails before the model is built
     engine, lr_scheduler, calculator = setup_model_and_optimizer(model_provider, args)
-    args.iteration = load_checkpoint(engine, lr_scheduler, args) if args.load else 0
+    args.iteration, rng_state = load_checkpoint(engine, lr_scheduler, args) if args.load else (0, None)
     calculator.update(args.consumed_train_samples)
     engine.set_train_batch_size(calculator.get_current_global_batch_size())
     train_iter, valid_iter, test_iter = build_data_iterators(train_valid_test_dataset_provider, args, batch_fn)
+    if rng_state is not None:  # after the data loaders, which draw from the RNG when built
+        set_rng_state(rng_state)
     print_rank_0(f"time to initialize and build (s): {time.time() - start:.2f}")
 
     step = _make_train_step(engine, forward_step_func, args)
@@ -113,13 +117,10 @@ def build_data_iterators(provider, args, batch_fn):
     for dataset, done in zip(datasets, consumed):
         loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size,
                                                args.num_workers)
-        iterators.append(None if loader is None else _batches(loader, batch_fn))
+        # iter() now, not at first use: creating a loader iterator draws from torch's RNG, and
+        # it must do so at the same point in a fresh and in a resumed run
+        iterators.append(None if loader is None else map(batch_fn, iter(loader)))
     return iterators
-
-
-def _batches(loader, batch_fn):
-    for data in loader:
-        yield batch_fn(data)
 
 
 # --- train -----------------------------------------------------------------------------------

@@ -18,13 +18,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from deepspeed.utils import logger as ds_logger  # noqa: E402
 
+import megatron  # noqa: E402
 import megatron.training as training  # noqa: E402
 import pretrain_gpt  # noqa: E402
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
-         "count_calls": 0, "ds_unique": None, "ds_total": None}
+         "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}}
 
 
 def _spy(owner, name, counter):
@@ -46,11 +47,13 @@ _spy(torch.nn.Module, "named_parameters", "parameter_walks_in_log")
 _training_log = training.training_log
 
 
-def training_log(*args, **kwargs):
+def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, args):
+    # the logged loss at full precision, for bit-for-bit comparisons across runs
+    state["losses"][args.iteration] = float(interval["loss"]) / interval["iterations"]
     state["log_calls"] += 1
     state["in_log"] = True
     try:
-        return _training_log(*args, **kwargs)
+        return _training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, args)
     finally:
         state["in_log"] = False
 
@@ -79,7 +82,12 @@ ds_logger.addHandler(_EngineView(level=logging.INFO))
 
 
 def main():
-    args = pretrain_gpt.main(sys.argv[1:])
+    try:
+        args = pretrain_gpt.main(sys.argv[1:])
+    except SystemExit as e:  # --exit-interval: still report what was logged
+        if e.code not in (0, None):
+            raise
+        args = megatron.get_args()
     out = os.environ["DRIVER_OUT"]
     result = dict(state, rank=args.rank, parameters=args.parameters,
                   parameters_no_embedding=args.parameters_no_embedding,

@@ -80,3 +80,7 @@ class GPTModelPipe(PipelineModule):
                          activation_checkpoint_interval=interval,
                          activation_checkpoint_func=mpu.checkpoint,
                          checkpointable_layers=["ParallelTransformerLayerPipe"])
+        # seed_layers is for building only: left on, DeepSpeed would also reseed every layer in
+        # every forward from a micro-batch counter that checkpoints do not save, so a resumed
+        # run would replay the first iterations' dropout masks
+        self.seed_layers = False

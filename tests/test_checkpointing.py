@@ -1,0 +1,115 @@
+"""Interrupted-then-resumed runs reproduce the uninterrupted run; half-written checkpoints are
+never picked up; a checkpoint of another layout is refused with both layouts named; the
+TensorBoard event file holds the expected scalars."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from launcher import ROOT, launch
+
+ITERS, EXIT_AT = 8, 4
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The bundled corpus, preprocessed the way the quickstart does."""
+    out = tmp_path_factory.mktemp("data")
+    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/corpus.jsonl",
+                    "--output-prefix", str(out / "corpus"), "--vocab-file", "data/gpt2-vocab.json",
+                    "--merge-file", "data/gpt2-merges.txt", "--append-eod", "--workers", "1"],
+                   cwd=ROOT, check=True, capture_output=True)
+    return str(out / "corpus_text_document")
+
+
+def real_data_args(corpus, tp=1, pp=1):
+    return ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 64,
+            "--micro-batch-size", 2, "--global-batch-size", 4, "--train-iters", ITERS, "--lr", "1e-3",
+            "--lr-warmup-iters", 2, "--lr-decay-style", "cosine", "--log-interval", 1, "--eval-interval", 4,
+            "--eval-iters", 1, "--data-path", corpus, "--vocab-file", "data/gpt2-vocab.json",
+            "--merge-file", "data/gpt2-merges.txt", "--split", "90,10,0",
+            "--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp]  # dropout stays on
+
+
+def interrupted_and_resumed(corpus, tmp_path, tp, pp):
+    ranks = tp * pp
+    args = real_data_args(corpus, tp, pp)
+    _, whole = launch(ranks, args + ["--tensorboard-dir", tmp_path / "tb", "--log-timers-to-tensorboard",
+                                     "--log-batch-size-to-tensorboard", "--log-validation-ppl-to-tensorboard"],
+                      str(tmp_path / "whole"))
+    ckpt = tmp_path / "ckpt"
+    _, first = launch(ranks, args + ["--save", ckpt, "--save-interval", 100, "--exit-interval", EXIT_AT],
+                      str(tmp_path / "first"))
+    # a crash during a later save: its directory exists but the pointers were never moved
+    shutil.copytree(ckpt / f"global_step{EXIT_AT}", ckpt / "global_step6")
+    for name in os.listdir(ckpt / "global_step6"):
+        if name.startswith("layer_01"):
+            os.remove(ckpt / "global_step6" / name)
+    proc, resumed = launch(ranks, args + ["--load", ckpt], str(tmp_path / "resumed"))
+    assert f"loaded checkpoint {ckpt}/global_step{EXIT_AT}/" in proc.stdout
+    last = ranks - 1  # the last rank logs the loss under pipeline parallelism
+    return whole[last], first[last], resumed[last]
+
+
+def test_resume_is_bit_for_bit_at_tp1_pp1(corpus, tmp_path):
+    whole, first, resumed = interrupted_and_resumed(corpus, tmp_path, 1, 1)
+    assert sorted(map(int, first["losses"])) == list(range(1, EXIT_AT + 1))
+    assert sorted(map(int, resumed["losses"])) == list(range(EXIT_AT + 1, ITERS + 1))
+    for it in range(1, ITERS + 1):
+        source = first if it <= EXIT_AT else resumed
+        assert source["losses"][str(it)] == whole["losses"][str(it)], f"iteration {it}"
+    assert resumed["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
+    _check_tensorboard(tmp_path / "tb", whole)
+
+
+def test_resume_matches_at_tp2_pp2(corpus, tmp_path):
+    whole, first, resumed = interrupted_and_resumed(corpus, tmp_path, 2, 2)
+    for it in range(EXIT_AT + 1, ITERS + 1):
+        assert resumed["losses"][str(it)] == pytest.approx(whole["losses"][str(it)], rel=1e-6, abs=0)
+    assert resumed["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
+
+
+def test_checkpoint_of_another_layout_is_refused(corpus, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    launch(1, real_data_args(corpus) + ["--save", ckpt, "--exit-interval", 1], str(tmp_path / "a"))
+    before = sorted(os.listdir(ckpt))
+    proc, _ = launch(2, real_data_args(corpus, tp=2) + ["--load", ckpt, "--save", ckpt], str(tmp_path / "b"),
+                     check=False)
+    assert proc.returncode != 0
+    assert ("pretrain_gpt.py: error: --load " + str(ckpt) + ": checkpoint layout differs from this run "
+            "(tensor_model_parallel_size: saved 1 vs now 2); launch with the saved layout") in proc.stdout
+    assert sorted(os.listdir(ckpt)) == before  # nothing saved was touched
+
+
+def _check_tensorboard(logdir, whole):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {
+        "model/parameters", "model/parameters without embeddings",
+        "learning-rate/learning-rate", "learning-rate/learning-rate vs samples",
+        "batch-size/batch-size", "batch-size/batch-size vs samples",
+        "lm-loss-training/lm loss", "lm-loss-training/lm loss vs samples", "lm-loss-training/lm loss vs tokens",
+        "lm-loss-training/lm loss vs gigaflos (without embeddings)", "grad-norm/grad-norm",
+        "iteration-time/iteration-time", "iteration-time/samples per second",
+        "iteration-time/samples per second per replica", "iteration-time/tokens per second",
+        "iteration-time/tokens per second per replica", "iteration-time/TFLOPs per gpu (estimated)",
+        "lm-loss-validation/lm loss validation", "lm-loss-validation/lm loss validation vs samples",
+        "lm-loss-validation/lm loss validation vs tokens",
+        "lm-loss-validation/lm loss validation vs gigaflos (without embeddings)",
+        "lm-loss-validation/lm loss validation ppl", "lm-loss-validation/lm loss validation ppl vs samples",
+    }
+    assert expected <= tags, expected - tags
+    [params] = events.Scalars("model/parameters")
+    [no_embedding] = events.Scalars("model/parameters without embeddings")
+    assert (params.step, params.value, no_embedding.value) == (0, whole["parameters"], whole["parameters_no_embedding"])
+    losses = events.Scalars("lm-loss-training/lm loss")
+    assert [e.step for e in losses] == list(range(1, ITERS + 1))
+    assert [e.value for e in losses] == pytest.approx([whole["losses"][str(i)] for i in range(1, ITERS + 1)], rel=1e-6)
+    # gigaflos per iteration: 6 x 4 samples x 64 tokens x non-embedding parameters / 1e9
+    per_iteration = 6 * 4 * 64 * whole["parameters_no_embedding"] / 1e9
+    vs_gigaflos = events.Scalars("lm-loss-training/lm loss vs gigaflos (without embeddings)")
+    assert [e.step for e in vs_gigaflos] == [int(per_iteration * i) for i in range(1, ITERS + 1)]

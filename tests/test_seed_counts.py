@@ -1,0 +1,54 @@
+"""The seed discussion's 52M model (8 layers, hidden 512, heads 8, seq 1024, vocab 50257), built
+for real on gloo ranks in every layout: the exact counts on every rank, and the offline
+calculator and analytic formula agree with the built model."""
+import argparse
+
+import pytest
+
+from distributed import run_distributed
+from megatron.utils import pad_vocab_size
+
+SEED_MODEL = dict(num_layers=8, hidden_size=512, num_attention_heads=8, seq_length=1024,
+                  max_position_embeddings=1024, ffn_hidden_size=2048)
+VOCAB = 50257
+
+
+def _build_and_count(tp, pp, pipeline):
+    from megatron import mpu
+    from megatron.model.config import GPTConfig
+    from megatron.model.gpt_model import GPTModel, GPTModelPipe
+    from megatron.utils import compute_parameter_counts, parameter_count_mismatches
+    args = argparse.Namespace(**SEED_MODEL, padded_vocab_size=pad_vocab_size(VOCAB, 128, tp),
+                              tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                              checkpoint_activations=False)
+    config = GPTConfig(num_layers=8, hidden_size=512, num_attention_heads=8,
+                       padded_vocab_size=args.padded_vocab_size, max_position_embeddings=1024)
+    model = GPTModelPipe(config, mpu.get_topology()) if pipeline else GPTModel(config)
+    compute_parameter_counts(model, args, mpu)
+    return (args.parameters, args.parameters_no_embedding, args.parameter_stages,
+            parameter_count_mismatches(args))
+
+
+# the numbers from the seed discussion: 51,500,032 is what DeepSpeed's UNIQUE_PARAMS and
+# Megatron-DeepSpeed agree on at TP=1; at TP=2 the vocab pads to 50432 (a multiple of 256)
+@pytest.mark.parametrize("tp, pp, pipeline, total", [
+    (1, 1, True, 51_500_032),
+    (1, 2, True, 51_500_032),
+    (2, 1, True, 51_565_568),
+    (2, 2, True, 51_565_568),
+    (2, 1, False, 51_565_568),
+])
+def test_seed_52m_model_counts_on_every_rank(tp, pp, pipeline, total):
+    results = run_distributed(tp * pp, _build_and_count, tp, pp, pipeline, tp=tp, pp=pp)
+    for rank, (parameters, no_embedding, stages, mismatches) in enumerate(results):
+        assert parameters == total, f"rank {rank}"
+        assert no_embedding == 25_220_096, f"rank {rank}"
+        assert mismatches == [], f"rank {rank}: {mismatches}"
+        assert [layers for layers, _, _ in stages] == [8 // pp] * pp
+    assert len({str(r) for r in results}) == 1  # every rank holds the same integers
+
+
+def test_padded_vocab():
+    assert pad_vocab_size(VOCAB, 128, 1) == 50304
+    assert pad_vocab_size(VOCAB, 128, 2) == 50432
+    assert pad_vocab_size(50304, 128, 1) == 50304
