@@ -334,7 +334,9 @@ def _apply_deepspeed_config(args):
                  f"{where}: {key}={config.get(key)} disagrees with {flag} (implies {ours}); make them match")
         config[key] = ours
     for key, flag in (("fp16", "--fp16"), ("bf16", "--bf16")):
-        enabled = bool(config.get(key, {}).get("enabled", False))
+        if key not in config:
+            continue  # filled in from the flag below
+        enabled = bool(config[key].get("enabled", False))
         _require(enabled == getattr(args, key),
                  f"{where}: {key}.enabled={enabled} disagrees with {flag}={getattr(args, key)}; make them match")
     if args.fp16 and "fp16" not in config:

@@ -29,3 +29,18 @@ class NumMicroBatchesCalculator:
 
     def get_current_global_batch_size(self):
         return self.current_global_batch_size
+
+
+def num_train_iterations(args):
+    """Iterations of the run: --train-iters, or enough to consume --train-samples while the
+    global batch ramps up."""
+    if args.train_iters is not None:
+        return args.train_iters
+    calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
+                                           args.data_parallel_size, args.rampup_batch_size)
+    iterations = consumed = 0
+    while consumed < args.train_samples:
+        consumed += calculator.get_current_global_batch_size()
+        iterations += 1
+        calculator.update(consumed)
+    return iterations

@@ -3,7 +3,6 @@
 Model size and FLOPs per sample are computed once in setup_model_and_optimizer (see
 megatron/utils.py); the logger below only reads them from args.
 """
-import math
 import sys
 import time
 
@@ -15,7 +14,7 @@ from megatron.checkpointing import check_load_layout, load_checkpoint, save_chec
 from megatron.global_vars import close_tensorboard_writer, get_tensorboard_writer, get_timers
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
-from megatron.microbatches import NumMicroBatchesCalculator
+from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import evaluation_log, log_model_size, training_log
 from megatron.utils import (compute_parameter_counts, format_parameter_report, gigaflos_no_embeds,
@@ -70,6 +69,7 @@ def setup_model_and_optimizer(model_provider, args):
     optimizer = build_optimizer(model, args)
     calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                            args.data_parallel_size, args.rampup_batch_size)
+    args.total_iterations = num_train_iterations(args)
     lr_scheduler = _build_lr_scheduler(optimizer, args)
     config = dict(args.deepspeed_config_dict)
     if uses_own_clipping(args):
@@ -108,7 +108,7 @@ def build_data_iterators(provider, args, batch_fn):
     from megatron.data.data_samplers import build_pretraining_data_loader
 
     gbs = args.global_batch_size
-    eval_runs = (args.train_iters or math.ceil(args.train_samples / gbs)) // args.eval_interval + 1
+    eval_runs = args.total_iterations // args.eval_interval + 1  # periodic ones and the final one
     num_samples = [_train_samples(args), eval_runs * args.eval_iters * gbs, args.eval_iters * gbs]
     datasets = provider(args, num_samples)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()

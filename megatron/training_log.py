@@ -55,8 +55,7 @@ def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, arg
         writer.add_scalar("iteration-time/tokens per second per replica", tokens_per_second / dp, it)
         writer.add_scalar("iteration-time/TFLOPs per gpu (estimated)", tflops, it)
 
-    total = args.train_iters if args.train_iters is not None else "?"
-    line = (f" iteration {args.iteration:8d}/{total:>8} |"
+    line = (f" iteration {args.iteration:8d}/{args.total_iterations:8d} |"
             f" consumed samples: {args.consumed_train_samples:12d} |"
             f" elapsed time per iteration (ms): {1000.0 * elapsed / iterations:.1f} |"
             f" learning rate: {lr:.3E} |"
