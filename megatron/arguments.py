@@ -238,9 +238,8 @@ def validate_args(args, world_size=None, cuda_available=None):
     _validate_training_length(args)
     _validate_precision(args, cuda_available)
     _validate_data(args)
-    if args.deepspeed_activation_checkpointing or args.partition_activations:
-        # both only act on checkpointed activations
-        args.deepspeed_activation_checkpointing = args.deepspeed_activation_checkpointing and args.checkpoint_activations
+    # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only
+    args.deepspeed_activation_checkpointing = args.deepspeed_activation_checkpointing and args.checkpoint_activations
     args.ds_pipeline_enabled = not args.no_pipeline_parallel
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)

@@ -171,7 +171,6 @@ def _make_evaluate(engine, forward_step_func, args):
 def train(step, evaluate_fn, engine, lr_scheduler, calculator, train_iter, valid_iter, args):
     timers = get_timers()
     engine.train()
-    timers("interval-time").start()
     interval = {"iterations": 0, "samples": 0, "loss": 0.0}
     start_time = time.time()
     while True:
@@ -180,7 +179,10 @@ def train(step, evaluate_fn, engine, lr_scheduler, calculator, train_iter, valid
         if args.train_samples is not None and args.consumed_train_samples >= args.train_samples:
             break
         gbs = calculator.get_current_global_batch_size()
+        # the interval time covers training steps only, not evaluation or checkpoint saves
+        timers("interval-time").start()
         loss = step(train_iter)
+        timers("interval-time").stop()
         lr_scheduler.step(gbs)
         args.iteration += 1
         args.consumed_train_samples += gbs
@@ -194,11 +196,8 @@ def train(step, evaluate_fn, engine, lr_scheduler, calculator, train_iter, valid
             engine.set_train_batch_size(calculator.get_current_global_batch_size())
 
         if args.iteration % args.log_interval == 0:
-            timers("interval-time").stop()
-            elapsed = timers("interval-time").elapsed()
-            training_log(interval, elapsed, lr_scheduler, engine, gbs, args)
+            training_log(interval, timers("interval-time").elapsed(), lr_scheduler, engine, gbs, args)
             interval = {"iterations": 0, "samples": 0, "loss": 0.0}
-            timers("interval-time").start()
 
         if valid_iter is not None and args.eval_interval and args.iteration % args.eval_interval == 0 \
                 and args.eval_iters > 0:

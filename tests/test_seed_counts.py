@@ -52,3 +52,21 @@ def test_padded_vocab():
     assert pad_vocab_size(VOCAB, 128, 1) == 50304
     assert pad_vocab_size(VOCAB, 128, 2) == 50432
     assert pad_vocab_size(50304, 128, 1) == 50304
+
+
+def test_disagreement_with_the_formula_names_both_numbers():
+    from megatron.utils import analytic_parameter_counts, parameter_count_mismatches, set_parameter_counts
+    args = argparse.Namespace(**SEED_MODEL, padded_vocab_size=50304, tensor_model_parallel_size=1,
+                              pipeline_model_parallel_size=2, checkpoint_activations=False)
+    expected = analytic_parameter_counts(8, 512, 2048, 50304, 1024, 2)
+    stages = [(4, 0, owned) for owned in expected["stages"]]
+    set_parameter_counts(args, dict(expected["components"]), stages)
+    assert parameter_count_mismatches(args) == []
+    # the PP bug of the seed discussion: the tied embedding counted on the last stage too
+    components = dict(expected["components"], word_embeddings=2 * 25_755_648)
+    set_parameter_counts(args, components, [(4, 0, expected["stages"][0]), (4, 0, expected["stages"][1] + 25_755_648)])
+    assert args.parameters == 77_255_680
+    assert parameter_count_mismatches(args) == [
+        "word_embeddings: counted 51,511,296, formula 25,755,648",
+        "per-stage owned parameters: counted [38889472, 38366208], formula [38889472, 12610560]",
+    ]
