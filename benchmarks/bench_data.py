@@ -59,27 +59,6 @@ def write_synthetic_corpus(prefix, num_tokens, rng):
     return int(lengths.sum())
 
 
-def loop_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch):
-    """Megatron's C++ build_sample_idx as a plain Python loop over Python lists."""
-    sizes, doc_idx = sizes.tolist(), doc_idx.tolist()
-    num_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
-    sample_idx = [(0, 0)]
-    doc_idx_index = doc_offset = 0
-    for _ in range(num_samples):
-        remaining = seq_length + 1
-        while remaining != 0:
-            doc_length = sizes[doc_idx[doc_idx_index]] - doc_offset
-            remaining -= doc_length
-            if remaining <= 0:
-                doc_offset += remaining + doc_length - 1
-                remaining = 0
-            else:
-                doc_idx_index += 1
-                doc_offset = 0
-        sample_idx.append((doc_idx_index, doc_offset))
-    return np.array(sample_idx, dtype=np.int64)
-
-
 def bench_index(rows, workdir, num_tokens, seq_length, reference_tokens):
     prefix = os.path.join(workdir, "synthetic")
     rng = np.random.RandomState(0)
@@ -107,7 +86,7 @@ def bench_index(rows, workdir, num_tokens, seq_length, reference_tokens):
     slice_tokens = int(sizes[:num_docs].sum(dtype=np.int64))
     slice_seq = 128  # short samples: the loop's worst case is many samples
     slice_doc_idx = helpers.build_doc_idx(slice_docs, 1, np.random.RandomState(1), False)
-    expected, loop_seconds = timed(loop_sample_idx, sizes, slice_doc_idx, slice_seq, 1, slice_tokens)
+    expected, loop_seconds = timed(helpers.build_sample_idx_loop, sizes, slice_doc_idx, slice_seq, 1, slice_tokens)
     got, vector_seconds = timed(helpers.build_sample_idx, sizes, slice_doc_idx, slice_seq, 1, slice_tokens)
     assert np.array_equal(expected, got), "vectorised sample_idx differs from the loop reference"
     rows.append((f"sample_idx Python loop (seq {slice_seq})", slice_tokens, loop_seconds, 1.0))

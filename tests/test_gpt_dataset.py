@@ -30,26 +30,6 @@ def random_docs(seed, n, max_len=60):
     return [rng.randint(0, 60000, size=rng.randint(0, max_len)) for _ in range(n)]
 
 
-def loop_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch):
-    """Megatron's C++ build_sample_idx, transcribed line by line."""
-    num_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
-    sample_idx = np.zeros((num_samples + 1, 2), dtype=np.int64)
-    doc_idx_index = doc_offset = 0
-    for sample_index in range(1, num_samples + 1):
-        remaining = seq_length + 1
-        while remaining != 0:
-            doc_length = sizes[doc_idx[doc_idx_index]] - doc_offset
-            remaining -= doc_length
-            if remaining <= 0:
-                doc_offset += remaining + doc_length - 1
-                remaining = 0
-            else:
-                doc_idx_index += 1
-                doc_offset = 0
-        sample_idx[sample_index] = doc_idx_index, doc_offset
-    return sample_idx
-
-
 def samples_in_order(dataset):
     """Items in sample_idx order, undoing the shuffle."""
     return [dataset[p]["text"] for p in np.argsort(dataset.shuffle_idx)]
@@ -72,7 +52,7 @@ def test_vectorised_sample_idx_equals_megatron_loop(seq_length):
     tokens_per_epoch = int(sizes.sum())
     num_epochs = 3
     doc_idx = helpers.build_doc_idx(documents, num_epochs, np.random.RandomState(1), False)
-    expected = loop_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch)
+    expected = helpers.build_sample_idx_loop(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch)
     np.testing.assert_array_equal(helpers.build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch), expected)
 
 

@@ -83,3 +83,25 @@ def build_blending_indices(weights, size):
         keys = (sample + 0.5) / weights[dataset]
     order = np.lexsort((dataset, keys))[:size]
     return dataset[order], sample[order]
+
+
+def build_sample_idx_loop(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch):
+    """Megatron's C++ build_sample_idx transcribed line by line: the reference that
+    build_sample_idx must equal (tests) and beat (benchmarks/bench_data.py)."""
+    sizes, doc_idx = np.asarray(sizes).tolist(), np.asarray(doc_idx).tolist()  # fastest plain-Python form
+    num_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
+    sample_idx = np.zeros((num_samples + 1, 2), dtype=np.int64)
+    doc_idx_index = doc_offset = 0
+    for sample_index in range(1, num_samples + 1):
+        remaining = seq_length + 1
+        while remaining != 0:
+            doc_length = sizes[doc_idx[doc_idx_index]] - doc_offset
+            remaining -= doc_length
+            if remaining <= 0:
+                doc_offset += remaining + doc_length - 1
+                remaining = 0
+            else:
+                doc_idx_index += 1
+                doc_offset = 0
+        sample_idx[sample_index] = doc_idx_index, doc_offset
+    return sample_idx
