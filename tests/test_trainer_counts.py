@@ -32,7 +32,7 @@ LAYOUTS = {  # name: (ranks, tp, pp, extra flags)
     "tp2_pp1": (2, 2, 1, []),
     "tp1_pp2": (2, 1, 2, []),
     "tp2_pp2": (4, 2, 2, []),
-    "tp2_no_pipeline": (2, 2, 1, ["--no-pipeline-parallel"]),
+    "tp2_dp2_no_pipeline": (4, 2, 1, ["--no-pipeline-parallel"]),
     "tp1_pp1_dp2": (2, 1, 1, []),
 }
 
