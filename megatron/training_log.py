@@ -4,7 +4,7 @@ Everything here reads cached numbers (args.parameters*, args.flops_per_sample) a
 the training step handed over: no collective, no walk over the model's parameters."""
 import math
 
-from megatron import print_rank_0, print_rank_last
+from megatron import print_rank_last
 from megatron.global_vars import get_tensorboard_writer
 
 

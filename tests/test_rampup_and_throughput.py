@@ -19,7 +19,7 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     # start 2, +2 every 24/3 = 8 samples until 8: 2,2,2,2 | 4,4 | 6,6 | 8,8,8,8 (60 samples)
     batches = [2, 2, 2, 2, 4, 4, 6, 6, 8, 8, 8, 8]
     assert last["iteration"] == len(batches)
-    assert f" iteration       12/      12 | consumed samples:           60 |" in proc.stdout
+    assert " iteration       12/      12 | consumed samples:           60 |" in proc.stdout
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})

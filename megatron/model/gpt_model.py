@@ -5,7 +5,6 @@ Both build layer i after seeding the RNG with `seed + i` (DeepSpeed's `seed_laye
 same layer order (0: embedding, 1..L: transformer layers, L+1: final LayerNorm), so every
 TP x PP layout and both wrappers start from the same full weights.
 """
-import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.utils import set_random_seed
 from torch import nn

@@ -28,7 +28,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         predicted = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
         _all_reduce(predicted, dist.ReduceOp.SUM)
 
-        exp_logits = logits.exp()
+        exp_logits = logits.exp_()  # logits is our own shifted copy: no second [.., V] buffer
         sum_exp = exp_logits.sum(dim=-1)
         _all_reduce(sum_exp, dist.ReduceOp.SUM)
         loss = sum_exp.log() - predicted
@@ -42,7 +42,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         softmax, outside, local_target = ctx.saved_tensors
         grad = softmax  # d loss / d logits = softmax - onehot(target)
         grad.scatter_add_(-1, local_target.unsqueeze(-1), (outside.to(grad.dtype) - 1.0).unsqueeze(-1))
-        return grad * grad_output.unsqueeze(-1), None
+        return grad.mul_(grad_output.unsqueeze(-1)), None
 
 
 def vocab_parallel_cross_entropy(logits, target):

@@ -7,6 +7,28 @@ ones DeepSpeed's pipeline grid builds from the same topology object.
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
+__all__ = [
+    "initialize_model_parallel",
+    "model_parallel_is_initialized",
+    "destroy_model_parallel",
+    "get_topology",
+    "get_tensor_model_parallel_group",
+    "get_tensor_model_parallel_world_size",
+    "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_src_rank",
+    "get_pipeline_model_parallel_group",
+    "get_pipeline_model_parallel_world_size",
+    "get_pipeline_model_parallel_rank",
+    "is_pipeline_first_stage",
+    "is_pipeline_last_stage",
+    "get_data_parallel_group",
+    "get_data_parallel_world_size",
+    "get_data_parallel_rank",
+    "get_model_parallel_group",
+    "get_model_parallel_world_size",
+    "get_model_parallel_rank",
+]
+
 _TOPOLOGY = None
 _TP_GROUP = None        # ranks holding the other slices of the same layers
 _PP_GROUP = None        # ranks holding the other stages of the same TP slice

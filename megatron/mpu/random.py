@@ -8,8 +8,6 @@ Works on CPU (torch's default generator) and CUDA (the current device's generato
 import contextlib
 
 import torch
-import torch.distributed as dist
-import torch.utils.checkpoint
 
 from .parallel_state import get_tensor_model_parallel_rank, get_pipeline_model_parallel_rank
 
