@@ -10,6 +10,7 @@ import deepspeed
 import torch
 
 from megatron import mpu, print_rank_0
+from megatron.arguments import ConfigError
 from megatron.checkpointing import check_load_layout, load_checkpoint, save_checkpoint, set_rng_state
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.initialize import initialize_megatron
@@ -34,7 +35,7 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
     calculator.update(args.consumed_train_samples)
     engine.set_train_batch_size(calculator.get_current_global_batch_size())
     train_iter, valid_iter, test_iter = build_data_iterators(train_valid_test_dataset_provider, args, batch_fn)
-    if rng_state is not None:  # after the data loaders, which draw from the RNG when built
+    if rng_state is not None:  # last: nothing in setup may draw from the RNG after this
         set_rng_state(rng_state)
     print_rank_0(f"time to initialize and build (s): {time.time() - start:.2f}")
 
@@ -119,13 +120,30 @@ def build_data_iterators(provider, args, batch_fn):
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
     iterators = []
-    for dataset, done in zip(datasets, consumed):
+    for split, (dataset, done) in enumerate(zip(datasets, consumed)):
+        if dataset is not None:  # a finished run reloaded with a shorter schedule has nothing left
+            done = min(done, len(dataset))
         loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size,
                                                args.num_workers)
-        # iter() now, not at first use: creating a loader iterator draws from torch's RNG, and
-        # it must do so at the same point in a fresh and in a resumed run
-        iterators.append(None if loader is None else map(batch_fn, iter(loader)))
+        if loader is None:
+            iterators.append(None)
+        else:
+            iterators.append(map(batch_fn, iter(loader) if split == 0 else _cycle(loader)))
     return iterators
+
+
+def _cycle(loader):
+    """Validation / test batches, starting over when exhausted: every resumed run evaluates once
+    more at its end than the data was sized for, and held-out data may be read twice."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty and loader.batch_sampler.consumed_samples == 0:  # a whole pass found nothing
+            raise ConfigError("the validation / test split holds less than one batch for this rank: "
+                              "give it a larger share with --split or lower --micro-batch-size")
+        loader.batch_sampler.consumed_samples = 0
 
 
 # --- train -----------------------------------------------------------------------------------

@@ -113,3 +113,16 @@ def _check_tensorboard(logdir, whole):
     per_iteration = 6 * 4 * 64 * whole["parameters_no_embedding"] / 1e9
     vs_gigaflos = events.Scalars("lm-loss-training/lm loss vs gigaflos (without embeddings)")
     assert [e.step for e in vs_gigaflos] == [int(per_iteration * i) for i in range(1, ITERS + 1)]
+
+
+def test_reloading_a_finished_run_trains_nothing_and_exits_cleanly(tmp_path):
+    from launcher import TINY
+    ckpt = tmp_path / "ckpt"
+    args = TINY + ["--global-batch-size", 4, "--train-iters", 2, "--save", ckpt, "--load", ckpt]
+    launch(1, args, str(tmp_path / "first"))
+    for train_iters in (2, 1):  # the same schedule again, and a shorter one
+        args[args.index("--train-iters") + 1] = train_iters
+        proc, results = launch(1, args, str(tmp_path / f"again{train_iters}"))
+        assert f"loaded checkpoint {ckpt}/global_step2/" in proc.stdout
+        assert results[0]["log_calls"] == 0 and results[0]["iteration"] == 2
+    assert sorted(os.listdir(ckpt)) == ["global_step2", "latest", "latest_checkpointed_iteration.txt"]

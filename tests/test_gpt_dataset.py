@@ -277,7 +277,7 @@ def test_sampler_keeps_partial_last_batch_without_drop_last():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [(dict(consumed_samples=200), "consumed_samples=200 is outside the dataset's 200 samples"),
+    [(dict(consumed_samples=201), "consumed_samples=201 is outside the dataset's 200 samples"),
      (dict(data_parallel_rank=4), r"data_parallel_rank 4 is outside \[0, 4\)"),
      (dict(micro_batch_size=0), r"micro_batch_size \(0\) and data_parallel_size \(4\) must be positive")],
 )

@@ -13,8 +13,11 @@ def build_pretraining_data_loader(dataset, consumed_samples, micro_batch_size, d
         data_parallel_rank=data_parallel_rank,
         data_parallel_size=data_parallel_size,
     )
+    # its own generator: starting an iterator then draws no number from torch's global RNG, so
+    # dropout masks do not depend on when (or how often) loaders are iterated
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=batch_sampler, num_workers=num_workers, pin_memory=torch.cuda.is_available()
+        dataset, batch_sampler=batch_sampler, num_workers=num_workers, pin_memory=torch.cuda.is_available(),
+        generator=torch.Generator().manual_seed(0),
     )
 
 
@@ -29,7 +32,8 @@ class MegatronPretrainingSampler:
     def __init__(self, total_samples, consumed_samples, micro_batch_size, data_parallel_rank, data_parallel_size, drop_last=True):
         if total_samples <= 0:
             raise ValueError(f"no samples to draw from (total_samples={total_samples})")
-        if not 0 <= consumed_samples < total_samples:
+        # consumed == total is a finished run being reloaded: nothing left, which is fine
+        if not 0 <= consumed_samples <= total_samples:
             raise ValueError(
                 f"consumed_samples={consumed_samples} is outside the dataset's {total_samples} samples; "
                 f"the checkpoint has used up this data, so ask for more training samples/iterations or more data"
