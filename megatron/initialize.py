@@ -24,10 +24,20 @@ def initialize_megatron(extra_args_provider=None, args_list=None):
     return args
 
 
+def disable_deepspeed_shm_comm():
+    """On CPU, DeepSpeed all-reduces through a JIT-compiled shared-memory op whose buffers stay in
+    /dev/shm after the run (gigabytes per run, until the machine runs out of memory). gloo's own
+    all-reduce does the same job and leaves nothing behind."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def _initialize_distributed(args):
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    if not torch.cuda.is_available():
+        disable_deepspeed_shm_comm()
     backend = args.distributed_backend or get_accelerator().communication_backend_name()
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))

@@ -22,7 +22,9 @@ def _worker(rank, world_size, port, tp, pp, fn, args, queue):
         import deepspeed
         import torch
         from megatron import mpu
+        from megatron.initialize import disable_deepspeed_shm_comm
         torch.set_num_threads(1)
+        disable_deepspeed_shm_comm()
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
         mpu.initialize_model_parallel(tp, pp)
         mpu.model_parallel_seed(1234)  # as initialize_megatron does

@@ -1,6 +1,8 @@
 """Real `deepspeed --num_gpus N pretrain_gpt.py` runs on CPU ranks (gloo) for every layout:
 the cached parameter count is exact on every rank, agrees with DeepSpeed's engine view,
 is computed once, and the per-iteration logger neither counts nor communicates."""
+import os
+
 import pytest
 
 from launcher import TINY, launch, losses
@@ -27,6 +29,10 @@ def tp_replicated(tp):
     return S * H + L * (2 * 2 * H + H + H) + 2 * H
 
 
+def _deepspeed_shm_files():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("deepspeed")} if os.path.isdir("/dev/shm") else set()
+
+
 LAYOUTS = {  # name: (ranks, tp, pp, extra flags)
     "tp1_pp1": (1, 1, 1, []),
     "tp2_pp1": (2, 2, 1, []),
@@ -43,7 +49,9 @@ def test_exact_count_on_every_rank(layout, tmp_path):
     dp = ranks // (tp * pp)
     args = TINY + ["--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp,
                    "--global-batch-size", 4 * dp, "--train-iters", ITERS] + extra
+    shm_before = _deepspeed_shm_files()
     proc, results = launch(ranks, args, str(tmp_path))
+    assert _deepspeed_shm_files() == shm_before, "a run must not leave buffers in /dev/shm"
     total, no_embedding = expected_counts(tp)
     assert sorted(results) == list(range(ranks))
     for rank, r in results.items():
