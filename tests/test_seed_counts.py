@@ -46,6 +46,15 @@ def test_seed_52m_model_counts_on_every_rank(tp, pp, pipeline, total):
         assert mismatches == [], f"rank {rank}: {mismatches}"
         assert [layers for layers, _, _ in stages] == [8 // pp] * pp
     assert len({str(r) for r in results}) == 1  # every rank holds the same integers
+    if (tp, pp) == (1, 2):
+        # DeepSpeed's STAGE_PARAMS in the seed's PP=2 log: each stage holds a whole embedding
+        # (word 50304 x 512 + positions 1024 x 512) and 4 layers of 12 h^2 + 13 h; the last
+        # stage adds the final LayerNorm (2 x 512) and owns nothing of its embedding copy
+        layer, embedding = 12 * 512 ** 2 + 13 * 512, 50304 * 512 + 1024 * 512
+        stages = results[0][2]
+        assert [local for _, local, _ in stages] == [38_889_472, 38_890_496]
+        assert stages[0][1:] == (embedding + 4 * layer,) * 2
+        assert stages[1][1:] == (embedding + 4 * layer + 1024, 4 * layer + 1024)
 
 
 def test_padded_vocab():
