@@ -152,11 +152,7 @@ def count_local_parameters(model, tp_rank):
     component = _component_of_parameters(model)
     owned = dict.fromkeys(COMPONENTS, 0)
     local = 0
-    seen = set()
-    for p in model.parameters():  # yields each tensor once even if registered twice
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
+    for p in model.parameters():  # yields a tensor once even if two modules share it
         local += _numel(p)
         if not is_owned_parameter(p, tp_rank):
             continue

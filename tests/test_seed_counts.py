@@ -79,3 +79,22 @@ def test_disagreement_with_the_formula_names_both_numbers():
         "word_embeddings: counted 51,511,296, formula 25,755,648",
         "per-stage owned parameters: counted [38889472, 38366208], formula [38889472, 12610560]",
     ]
+
+
+def _count_with_a_shared_tensor():
+    from torch import nn
+    from megatron import mpu
+    from megatron.model.gpt_model import GPTModel
+    from megatron.utils import count_local_parameters
+    from model_fixtures import tiny_config
+    model = GPTModel(tiny_config())
+    before = count_local_parameters(model, 0)
+    # a separate output layer that shares the word embedding's tensor, as untied-module code does
+    model.output_layer = nn.Module()
+    model.output_layer.weight = model.word_embeddings_weight()
+    return before, count_local_parameters(model, mpu.get_tensor_model_parallel_rank())
+
+
+def test_a_tensor_registered_twice_counts_once():
+    [(before, after)] = run_distributed(1, _count_with_a_shared_tensor)
+    assert after == before
