@@ -1,6 +1,7 @@
 """Interrupted-then-resumed runs reproduce the uninterrupted run; half-written checkpoints are
 never picked up; a checkpoint of another layout is refused with both layouts named; the
 TensorBoard event file holds the expected scalars."""
+import math
 import os
 import shutil
 import subprocess
@@ -106,6 +107,11 @@ def _check_tensorboard(logdir, whole):
     [params] = events.Scalars("model/parameters")
     [no_embedding] = events.Scalars("model/parameters without embeddings")
     assert (params.step, params.value, no_embedding.value) == (0, whole["parameters"], whole["parameters_no_embedding"])
+    # --lr 1e-3, warmup 2 iterations, cosine decay over 8, global batch 4: in samples 8 and 32
+    lrs = [e.value for e in events.Scalars("learning-rate/learning-rate")]
+    expected_lrs = [1e-3 * min(4 * i / 8, 0.5 * (1 + math.cos(math.pi * (4 * i - 8) / 24)))
+                    for i in range(1, ITERS + 1)]
+    assert lrs == pytest.approx(expected_lrs, rel=1e-6)
     losses = events.Scalars("lm-loss-training/lm loss")
     assert [e.step for e in losses] == list(range(1, ITERS + 1))
     assert [e.value for e in losses] == pytest.approx([whole["losses"][str(i)] for i in range(1, ITERS + 1)], rel=1e-6)

@@ -1,4 +1,5 @@
 """TP=2 equals TP=1: initial weights are exact slices, forward and backward agree (fp32)."""
+import pytest
 import torch
 
 from distributed import run_distributed
@@ -16,7 +17,10 @@ def _forward_backward(attention_impl="sdpa"):
     loss.backward()
     params = {n: (p.detach().clone(), p.grad.clone(), getattr(p, "partition_dim", None))
               for n, p in model.named_parameters()}
-    return {"logits": logits.detach(), "loss": loss.item(), "params": params}
+    from megatron.optimizer import global_grad_norm
+    grad_norm = global_grad_norm(list(model.parameters()), mpu.get_tensor_model_parallel_rank(),
+                                 mpu.get_model_parallel_group())
+    return {"logits": logits.detach(), "loss": loss.item(), "params": params, "grad_norm": float(grad_norm)}
 
 
 def _slice(full, dim, rank, world):
@@ -35,6 +39,10 @@ def test_tp2_matches_tp1_weights_outputs_and_gradients():
             torch.testing.assert_close(grad, _slice(ref_grad, dim, rank, 2), rtol=1e-5, atol=1e-6, msg=name)
         torch.testing.assert_close(out["logits"], ref["logits"], rtol=1e-5, atol=1e-6)
         assert abs(out["loss"] - ref["loss"]) < 1e-6
+        # the clipping norm counts TP-replicated gradients once: the TP=1 norm on every rank
+        assert out["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6)
+    all_grads = [grad for _, grad, _ in ref["params"].values()]
+    assert ref["grad_norm"] == pytest.approx(float(torch.nn.utils.get_total_norm(all_grads)), rel=1e-6)
 
 
 def test_sdpa_and_math_attention_agree():

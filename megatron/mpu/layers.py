@@ -20,10 +20,6 @@ def set_tensor_model_parallel_attributes(param, partition_dim):
     param.partition_stride = 1
 
 
-def param_is_tensor_parallel(param):
-    return getattr(param, "tensor_model_parallel", False)
-
-
 def _sliced_parameter(full_shape, partition_dim, init_method, dtype):
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)

@@ -9,8 +9,6 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 __all__ = [
     "initialize_model_parallel",
-    "model_parallel_is_initialized",
-    "destroy_model_parallel",
     "get_topology",
     "get_tensor_model_parallel_group",
     "get_tensor_model_parallel_world_size",
@@ -19,8 +17,6 @@ __all__ = [
     "get_pipeline_model_parallel_group",
     "get_pipeline_model_parallel_world_size",
     "get_pipeline_model_parallel_rank",
-    "is_pipeline_first_stage",
-    "is_pipeline_last_stage",
     "get_data_parallel_group",
     "get_data_parallel_world_size",
     "get_data_parallel_rank",
@@ -61,15 +57,6 @@ def initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_paral
     _TOPOLOGY = topo
 
 
-def model_parallel_is_initialized():
-    return _TOPOLOGY is not None
-
-
-def destroy_model_parallel():
-    global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _TP_RANKS
-    _TOPOLOGY = _TP_GROUP = _PP_GROUP = _DP_GROUP = _MP_GROUP = _TP_RANKS = None
-
-
 def get_topology():
     return _TOPOLOGY
 
@@ -107,14 +94,6 @@ def get_pipeline_model_parallel_world_size():
 
 def get_pipeline_model_parallel_rank():
     return _coord().pipe
-
-
-def is_pipeline_first_stage():
-    return get_pipeline_model_parallel_rank() == 0
-
-
-def is_pipeline_last_stage():
-    return get_pipeline_model_parallel_rank() == get_pipeline_model_parallel_world_size() - 1
 
 
 # --- data parallel ---------------------------------------------------------------------
