@@ -4,11 +4,7 @@ import argparse
 import json
 import os
 
-import torch
-
-
-class ConfigError(ValueError):
-    """A bad flag combination. Its message is one line naming the flag and the fix."""
+from megatron.model.shape import ConfigError, ModelShape, require as _require  # noqa: F401 (re-exported)
 
 
 def parse_args(extra_args_provider=None, args_list=None):
@@ -179,11 +175,6 @@ def _add_zero_args(parser):
 # --------------------------------------------------------------------------------------------
 # validation
 
-def _require(cond, message):
-    if not cond:
-        raise ConfigError(message)
-
-
 def _int(text, flag):
     try:
         return int(str(text).replace("_", ""))
@@ -197,39 +188,24 @@ def validate_args(args, world_size=None, cuda_available=None):
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if cuda_available is None:
+        import torch
         cuda_available = torch.cuda.is_available()
     args.world_size = world_size
 
-    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size"):
-        _require(getattr(args, flag) is not None, f"--{flag.replace('_', '-')} is required")
+    _require(args.micro_batch_size is not None, "--micro-batch-size is required")
     _require(args.lr is not None, "--lr is required (e.g. --lr 1e-4)")
-    if args.max_position_embeddings is None:
-        args.max_position_embeddings = args.seq_length
-    if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = 4 * args.hidden_size
-
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
     _require(world_size % (tp * pp) == 0,
              f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
              f"--pipeline-model-parallel-size {pp}: launch a multiple of {tp * pp} ranks or change TP/PP")
     args.data_parallel_size = world_size // (tp * pp)
-    _require(args.num_attention_heads % tp == 0,
-             f"--num-attention-heads {args.num_attention_heads} is not divisible by "
-             f"--tensor-model-parallel-size {tp}: use a TP size that divides the head count")
-    _require(args.hidden_size % args.num_attention_heads == 0,
-             f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
-             f"{args.num_attention_heads}: choose heads that divide the hidden size")
-    _require(args.ffn_hidden_size % tp == 0,
-             f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
-    _require(args.num_layers >= pp,
-             f"--num-layers {args.num_layers} is smaller than --pipeline-model-parallel-size {pp}: "
-             f"every pipeline stage needs at least one transformer layer; lower PP or add layers")
+    # the shape's defaults and rules live in ModelShape; the vocab is filled in with the tokenizer
+    args.model_shape = ModelShape.from_args(args)
+    args.ffn_hidden_size = args.model_shape.ffn_hidden_size
+    args.max_position_embeddings = args.model_shape.max_position_embeddings
     _require(not (args.no_pipeline_parallel and pp > 1),
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
-    _require(args.seq_length <= args.max_position_embeddings,
-             f"--seq-length {args.seq_length} exceeds --max-position-embeddings "
-             f"{args.max_position_embeddings}: raise --max-position-embeddings or shorten the sequence")
     _require(args.optimizer in ("adam", "sgd"),
              f"--optimizer {args.optimizer} is not supported: use adam or sgd")
     _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
@@ -288,6 +264,7 @@ def _validate_precision(args, cuda_available):
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
     _require(not args.fp16 or cuda_available,
              "--fp16 needs a CUDA device: on CPU train in fp32 (drop --fp16) or use --bf16")
+    import torch
     args.params_dtype = torch.half if args.fp16 else (torch.bfloat16 if args.bf16 else torch.float32)
 
 

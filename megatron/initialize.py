@@ -1,6 +1,7 @@
 """initialize_megatron: validated args, torch.distributed (gloo on CPU, nccl on CUDA), model-parallel
 groups, seeds, tokenizer, TensorBoard writer — in that order, so bad flags fail before any of
 the expensive steps."""
+import dataclasses
 import os
 import random
 
@@ -10,7 +11,6 @@ import torch
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tensorboard_writer, set_tokenizer
-from megatron.utils import pad_vocab_size
 
 
 def initialize_megatron(extra_args_provider=None, args_list=None):
@@ -63,8 +63,8 @@ def _build_tokenizer(args):
     except (ValueError, OSError) as e:  # unreadable or malformed --vocab-file / --merge-file
         raise ConfigError(str(e)) from None
     set_tokenizer(tokenizer)
-    args.padded_vocab_size = pad_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
-                                            args.tensor_model_parallel_size)
+    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=tokenizer.vocab_size)
+    args.padded_vocab_size = args.model_shape.padded_vocab_size
 
 
 def _set_random_seed(seed):

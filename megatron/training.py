@@ -18,7 +18,8 @@ from megatron.learning_rates import AnnealingLR
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import evaluation_log, log_model_size, training_log
-from megatron.utils import (compute_parameter_counts, format_parameter_report, gigaflos_no_embeds,
+from megatron.model.analytic import gigaflos_no_embeds
+from megatron.utils import (cache_parameter_counts, compute_parameter_counts, format_parameter_report,
                             parameter_count_mismatches)
 
 
@@ -58,13 +59,15 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
 def setup_model_and_optimizer(model_provider, args):
     model = model_provider(args)
     # the one and only parameter count of the run
-    compute_parameter_counts(model, args, mpu)
-    for line in format_parameter_report(args):
+    counts = compute_parameter_counts(model, mpu)
+    cache_parameter_counts(args, counts)
+    for line in format_parameter_report(counts, args.model_shape, args.data_parallel_size,
+                                        args.checkpoint_activations):
         print_rank_0(line)
-    problems = parameter_count_mismatches(args)
+    problems = parameter_count_mismatches(counts, args.model_shape)
     if problems and args.rank == 0:
         print("WARNING: parameter count disagrees with the analytic formula "
-              "(megatron.utils.analytic_parameter_counts): " + "; ".join(problems), flush=True)
+              "(megatron.model.analytic.analytic_parameter_counts): " + "; ".join(problems), flush=True)
     log_model_size(args)
 
     optimizer = build_optimizer(model, args)

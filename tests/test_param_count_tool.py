@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from distributed import run_distributed
-from megatron.utils import analytic_parameter_counts, partition_layers
+from megatron.model.analytic import analytic_parameter_counts
+from megatron.model.shape import ModelShape, partition_layers
 
 
 def run_tool(*flags):
@@ -35,8 +36,9 @@ def test_vocab_file_and_per_stage_split():
     assert partition_layers(8, 3) == [3, 3, 2]
     per_layer = 12 * 512 * 512 + 13 * 512
     embeddings = 8192 * 512 + 1024 * 512
-    assert f"    0 |                  3 | {embeddings + 3 * per_layer:,}" in out
-    assert f"    2 |                  2 | {2 * per_layer + 2 * 512:,}" in out
+    # stage | layers | held by TP rank 0 | owned: the last stage also holds the tied embedding copy
+    assert f"      0 |      3 | {embeddings + 3 * per_layer:20,} | {embeddings + 3 * per_layer:,}\n" in out
+    assert f"      2 |      2 | {embeddings + 2 * per_layer + 2 * 512:20,} | {2 * per_layer + 2 * 512:,}\n" in out
     assert "FLOPs per iteration (global batch 16)" in out
 
 
@@ -46,30 +48,21 @@ def test_unknown_flags_are_ignored_so_launch_scripts_paste_in():
     assert "parameters: 143,104\n" in out  # 640*64 + 32*64 + 2*(12*64^2 + 13*64) + 2*64
 
 
-def _built_count(config_kwargs, pp):
-    import argparse
+def _built_count(shape):
     from megatron import mpu
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.utils import compute_parameter_counts
-    config = GPTConfig(**config_kwargs)
-    args = argparse.Namespace(num_layers=config.num_layers, hidden_size=config.hidden_size,
-                              ffn_hidden_size=config.ffn_hidden_size, seq_length=config.max_position_embeddings,
-                              max_position_embeddings=config.max_position_embeddings,
-                              padded_vocab_size=config.padded_vocab_size, pipeline_model_parallel_size=pp,
-                              checkpoint_activations=False)
-    compute_parameter_counts(GPTModelPipe(config, mpu.get_topology()), args, mpu)
-    return args.parameters, args.parameters_no_embedding, [owned for _, _, owned in args.parameter_stages]
+    return compute_parameter_counts(GPTModelPipe(GPTConfig(shape), mpu.get_topology()), mpu)
 
 
-@pytest.mark.parametrize("config, pp", [
-    (dict(num_layers=3, hidden_size=48, num_attention_heads=6, padded_vocab_size=384, max_position_embeddings=40,
-          ffn_hidden_size=100), 2),
-    (dict(num_layers=5, hidden_size=32, num_attention_heads=2, padded_vocab_size=256, max_position_embeddings=16), 2),
+@pytest.mark.parametrize("shape", [
+    dict(num_layers=3, hidden_size=48, num_attention_heads=6, vocab_size=384, seq_length=32,
+         max_position_embeddings=40, ffn_hidden_size=100, pipeline_model_parallel_size=2),
+    dict(num_layers=5, hidden_size=32, num_attention_heads=2, vocab_size=256, seq_length=16,
+         pipeline_model_parallel_size=2),
 ])
-def test_formula_equals_built_model(config, pp):
-    [(total, no_embedding, stages), _] = run_distributed(pp, _built_count, config, pp, pp=pp)
-    expected = analytic_parameter_counts(config["num_layers"], config["hidden_size"],
-                                         config.get("ffn_hidden_size") or 4 * config["hidden_size"],
-                                         config["padded_vocab_size"], config["max_position_embeddings"], pp)
-    assert (total, no_embedding, stages) == (expected["total"], expected["no_embedding"], expected["stages"])
+def test_formula_equals_built_model(shape):
+    shape = ModelShape(**shape)
+    built = run_distributed(2, _built_count, shape, pp=2)
+    assert built[0] == built[1] == analytic_parameter_counts(shape)  # components, per-stage held and owned

@@ -1,12 +1,10 @@
 """The seed discussion's 52M model (8 layers, hidden 512, heads 8, seq 1024, vocab 50257), built
 for real on gloo ranks in every layout: the exact counts on every rank, and the offline
 calculator and analytic formula agree with the built model."""
-import argparse
-
 import pytest
 
 from distributed import run_distributed
-from megatron.utils import pad_vocab_size
+from megatron.model.shape import ModelShape, pad_vocab_size
 
 SEED_MODEL = dict(num_layers=8, hidden_size=512, num_attention_heads=8, seq_length=1024,
                   max_position_embeddings=1024, ffn_hidden_size=2048)
@@ -18,15 +16,11 @@ def _build_and_count(tp, pp, pipeline):
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel, GPTModelPipe
     from megatron.utils import compute_parameter_counts, parameter_count_mismatches
-    args = argparse.Namespace(**SEED_MODEL, padded_vocab_size=pad_vocab_size(VOCAB, 128, tp),
-                              tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                              checkpoint_activations=False)
-    config = GPTConfig(num_layers=8, hidden_size=512, num_attention_heads=8,
-                       padded_vocab_size=args.padded_vocab_size, max_position_embeddings=1024)
+    shape = ModelShape(**SEED_MODEL, vocab_size=VOCAB, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    config = GPTConfig(shape)
     model = GPTModelPipe(config, mpu.get_topology()) if pipeline else GPTModel(config)
-    compute_parameter_counts(model, args, mpu)
-    return (args.parameters, args.parameters_no_embedding, args.parameter_stages,
-            parameter_count_mismatches(args))
+    counts = compute_parameter_counts(model, mpu)
+    return counts.total, counts.no_embedding, counts.stages, parameter_count_mismatches(counts, shape)
 
 
 # the numbers from the seed discussion: 51,500,032 is what DeepSpeed's UNIQUE_PARAMS and
@@ -64,18 +58,17 @@ def test_padded_vocab():
 
 
 def test_disagreement_with_the_formula_names_both_numbers():
-    from megatron.utils import analytic_parameter_counts, parameter_count_mismatches, set_parameter_counts
-    args = argparse.Namespace(**SEED_MODEL, padded_vocab_size=50304, tensor_model_parallel_size=1,
-                              pipeline_model_parallel_size=2, checkpoint_activations=False)
-    expected = analytic_parameter_counts(8, 512, 2048, 50304, 1024, 2)
-    stages = [(4, 0, owned) for owned in expected["stages"]]
-    set_parameter_counts(args, dict(expected["components"]), stages)
-    assert parameter_count_mismatches(args) == []
+    from megatron.model.analytic import ParameterCounts, analytic_parameter_counts
+    from megatron.utils import parameter_count_mismatches
+    shape = ModelShape(**SEED_MODEL, vocab_size=50304, pipeline_model_parallel_size=2)
+    expected = analytic_parameter_counts(shape)
+    assert parameter_count_mismatches(expected, shape) == []
     # the PP bug of the seed discussion: the tied embedding counted on the last stage too
-    components = dict(expected["components"], word_embeddings=2 * 25_755_648)
-    set_parameter_counts(args, components, [(4, 0, expected["stages"][0]), (4, 0, expected["stages"][1] + 25_755_648)])
-    assert args.parameters == 77_255_680
-    assert parameter_count_mismatches(args) == [
+    components = dict(expected.components, word_embeddings=2 * 25_755_648)
+    first, last = expected.stages
+    wrong = ParameterCounts(components, (first, last._replace(owned=last.owned + 25_755_648)))
+    assert wrong.total == 77_255_680
+    assert parameter_count_mismatches(wrong, shape) == [
         "word_embeddings: counted 51,511,296, formula 25,755,648",
         "per-stage owned parameters: counted [38889472, 38366208], formula [38889472, 12610560]",
     ]

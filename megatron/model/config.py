@@ -1,19 +1,18 @@
-"""The model's shape and numerics, passed explicitly to every layer (layers never read args)."""
+"""What the layers are built from: the model's shape (megatron/model/shape.py, the one owner of
+its defaults and rules) plus the numerics that do not change its size. Passed explicitly to
+every layer (layers never read args)."""
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from .shape import ModelShape
 
-@dataclass
+
+@dataclass(frozen=True)
 class GPTConfig:
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    padded_vocab_size: int
-    max_position_embeddings: int
-    ffn_hidden_size: int = None  # default 4 * hidden_size
+    shape: ModelShape
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
@@ -23,22 +22,13 @@ class GPTConfig:
     checkpoint_num_layers: int = 1
     attention_impl: str = "sdpa"  # "math" spells attention out as matmuls (FLOP-countable)
 
-    def __post_init__(self):
-        if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = 4 * self.hidden_size
-
     @classmethod
     def from_args(cls, args):
-        return cls(num_layers=args.num_layers, hidden_size=args.hidden_size,
-                   num_attention_heads=args.num_attention_heads,
-                   padded_vocab_size=args.padded_vocab_size,
-                   max_position_embeddings=args.max_position_embeddings,
-                   ffn_hidden_size=args.ffn_hidden_size, hidden_dropout=args.hidden_dropout,
+        return cls(shape=args.model_shape, hidden_dropout=args.hidden_dropout,
                    attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
                    checkpoint_activations=args.checkpoint_activations,
-                   checkpoint_num_layers=args.checkpoint_num_layers,
-                   attention_impl=args.attention_impl)
+                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl)
 
     def init_method(self):
         std = self.init_method_std
@@ -46,5 +36,5 @@ class GPTConfig:
 
     def output_init_method(self):
         """Projections that write into the residual stream: std / sqrt(2 * layers) (GPT-2)."""
-        std = self.init_method_std / math.sqrt(2.0 * self.num_layers)
+        std = self.init_method_std / math.sqrt(2.0 * self.shape.num_layers)
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)

@@ -68,8 +68,8 @@ class GPTModelPipe(PipelineModule):
     def __init__(self, config, topology, seed=1234):
         specs = [TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings_weight")]
         specs += [LayerSpec(ParallelTransformerLayerPipe, config, layer_number=i + 1)
-                  for i in range(config.num_layers)]
-        specs.append(LayerSpec(LayerNorm, config.hidden_size, eps=config.layernorm_epsilon))
+                  for i in range(config.shape.num_layers)]
+        specs.append(LayerSpec(LayerNorm, config.shape.hidden_size, eps=config.layernorm_epsilon))
         specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
                                    tied_weight_attr="word_embeddings_weight"))
         interval = config.checkpoint_num_layers if config.checkpoint_activations else 0

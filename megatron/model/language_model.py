@@ -10,10 +10,11 @@ from megatron import mpu
 class Embedding(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.word_embeddings = mpu.VocabParallelEmbedding(config.padded_vocab_size, config.hidden_size,
+        shape = config.shape
+        self.word_embeddings = mpu.VocabParallelEmbedding(shape.padded_vocab_size, shape.hidden_size,
                                                           config.init_method(), config.params_dtype)
         # replicated on every TP rank; initialised on CPU like the TP layers so layouts agree
-        weight = torch.empty(config.max_position_embeddings, config.hidden_size, dtype=torch.float32)
+        weight = torch.empty(shape.max_position_embeddings, shape.hidden_size, dtype=torch.float32)
         config.init_method()(weight)
         self.position_embeddings = nn.Embedding.from_pretrained(weight.to(config.params_dtype), freeze=False)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)

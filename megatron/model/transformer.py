@@ -14,10 +14,9 @@ from .layer_norm import LayerNorm
 class ParallelMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.dense_h_to_4h = mpu.ColumnParallelLinear(config.hidden_size, config.ffn_hidden_size,
-                                                      config.init_method(), params_dtype=config.params_dtype)
-        self.dense_4h_to_h = mpu.RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
-                                                   config.output_init_method(), params_dtype=config.params_dtype)
+        h, f = config.shape.hidden_size, config.shape.ffn_hidden_size
+        self.dense_h_to_4h = mpu.ColumnParallelLinear(h, f, config.init_method(), params_dtype=config.params_dtype)
+        self.dense_4h_to_h = mpu.RowParallelLinear(f, h, config.output_init_method(), params_dtype=config.params_dtype)
 
     def forward(self, hidden_states):
         # [s, b, h] -> [s, b, 4h/tp] -> [s, b, h]
@@ -30,15 +29,15 @@ class ParallelAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         tp = mpu.get_tensor_model_parallel_world_size()
-        self.num_heads = divide(config.num_attention_heads, tp)  # local heads
-        self.head_dim = divide(config.hidden_size, config.num_attention_heads)
+        h = config.shape.hidden_size
+        self.num_heads = divide(config.shape.num_attention_heads, tp)  # local heads
+        self.head_dim = config.shape.head_dim
         self.dropout_p = config.attention_dropout
         self.attention_impl = config.attention_impl
         # output rows grouped per head as [q_i, k_i, v_i], so a TP slice holds whole heads
-        self.query_key_value = mpu.ColumnParallelLinear(config.hidden_size, 3 * config.hidden_size,
-                                                        config.init_method(), params_dtype=config.params_dtype)
-        self.dense = mpu.RowParallelLinear(config.hidden_size, config.hidden_size,
-                                           config.output_init_method(), params_dtype=config.params_dtype)
+        self.query_key_value = mpu.ColumnParallelLinear(h, 3 * h, config.init_method(),
+                                                        params_dtype=config.params_dtype)
+        self.dense = mpu.RowParallelLinear(h, h, config.output_init_method(), params_dtype=config.params_dtype)
         self._causal_mask = None  # built once per sequence length, reused every step
 
     def _math_attention(self, q, k, v, dropout_p):
@@ -73,9 +72,9 @@ class ParallelTransformerLayer(nn.Module):
         super().__init__()
         self.layer_number = layer_number
         self.hidden_dropout = config.hidden_dropout
-        self.input_layernorm = LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.input_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+        self.post_attention_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.mlp = ParallelMLP(config)
 
     def forward(self, hidden_states):
@@ -100,14 +99,14 @@ class ParallelTransformer(nn.Module):
         self.checkpoint_activations = config.checkpoint_activations
         self.checkpoint_num_layers = config.checkpoint_num_layers
         layers = []
-        for i in range(config.num_layers):
+        for i in range(config.shape.num_layers):
             if layer_seed_fn is not None:
                 layer_seed_fn(i)
             layers.append(ParallelTransformerLayer(config, layer_number=i + 1))
         self.layers = nn.ModuleList(layers)
         if layer_seed_fn is not None:
-            layer_seed_fn(config.num_layers)
-        self.final_layernorm = LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
+            layer_seed_fn(config.shape.num_layers)
+        self.final_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
 
     def _run(self, start, end):
         def forward(hidden_states):
