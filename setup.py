@@ -5,6 +5,7 @@ setup(
     version="0.1.0",
     description="Megatron-DeepSpeed-style GPT pretraining with an exact, once-computed parameter count",
     packages=find_packages(include=["megatron", "megatron.*"]),
+    py_modules=["pretrain_gpt"],  # the entry point's providers, importable by tests and benchmarks
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.1",
@@ -16,6 +17,7 @@ setup(
     ],
     extras_require={
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
-        "test": ["pytest", "tokenizers"],
+        # ruff: the lint CI runs before the tests (ruff.toml)
+        "test": ["pytest", "tokenizers", "ruff"],
     },
 )

@@ -19,12 +19,11 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from megatron.data import helpers
+from megatron.data.gpt_dataset import GPTDataset
+from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
 
-from megatron.data import helpers  # noqa: E402
-from megatron.data.gpt_dataset import GPTDataset  # noqa: E402
-from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def get_args():

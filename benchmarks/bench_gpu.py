@@ -3,7 +3,7 @@ bf16 GEMM ceiling. Needs CUDA; on a machine without it, says so and exits with s
 
 The model is trained by our trainer built in-process (pipeline engine, TP=1 PP=1, as
 `deepspeed pretrain_gpt.py --bf16` runs it) on mock data; steps are timed between CUDA
-synchronisations after a warm-up. FLOPs per sample come from megatron.utils.flops_per_sample,
+synchronisations after a warm-up. FLOPs per sample come from megatron.model.analytic.flops_per_sample,
 the formula behind the trainer's "TFLOPs" log field.
 
 Usage: python benchmarks/bench_gpu.py [--micro-batch 16] [--global-batch 16] [--steps 20]

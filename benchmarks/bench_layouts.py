@@ -1,6 +1,6 @@
 """Throughput of (TP, PP) layouts: real `deepspeed --num_gpus N pretrain_gpt.py` runs on CPU ranks
 (gloo), same model and global batch, read from the trainer's own per-iteration log line
-("samples per second: X | TFLOPs: Y", TFLOPs per rank from megatron.utils.flops_per_sample).
+("samples per second: X | TFLOPs: Y", TFLOPs per rank from megatron.model.analytic.flops_per_sample).
 
 Every layout gets the whole machine: OMP_NUM_THREADS = --cores / ranks. The first --skip
 iterations of each run (allocator and thread-pool warm-up) are dropped; a run's figure is the
@@ -12,21 +12,13 @@ Usage: python benchmarks/bench_layouts.py [--iters 6] [--reps 1] [--global-batch
 import argparse
 import os
 import re
-import socket
-import subprocess
 import sys
 
 import common
+from megatron.launch import logged_iterations, run_deepspeed
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2)]
-LOG_LINE = re.compile(r" iteration\s+(\d+)/.*?samples per second: ([0-9.]+) \| TFLOPs: ([0-9.]+) \|")
 FLOPS_LINE = re.compile(r"FLOPs per sample \(model, fwd\+bwd\): ([0-9,]+)")  # the startup report
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(tp, pp, a):
@@ -34,13 +26,8 @@ def launch(tp, pp, a):
     flags = common.trainer_flags(a.layers, a.hidden, a.heads, a.seq, a.micro_batch, a.vocab,
                                  global_batch=a.global_batch, train_iters=a.iters, log_interval=1,
                                  extra=["--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp])
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(max(1, a.cores // ranks)),
-               PYTHONPATH=common.ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks),
-           "--master_port", str(free_port()), "pretrain_gpt.py"] + flags
-    proc = subprocess.run(cmd, cwd=common.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    logged = [(int(i), float(s), float(t)) for i, s, t in LOG_LINE.findall(proc.stdout)]
-    kept = [(s, t) for i, s, t in logged if i > a.skip]
+    proc = run_deepspeed(ranks, "pretrain_gpt.py", flags, threads_per_rank=max(1, a.cores // ranks))
+    kept = [(f["samples per second"], f["TFLOPs"]) for i, f in logged_iterations(proc.stdout).items() if i > a.skip]
     flops = FLOPS_LINE.search(proc.stdout)
     if proc.returncode != 0 or not kept or not flops:
         sys.exit(f"TP={tp} PP={pp} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")

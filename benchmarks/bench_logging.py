@@ -46,7 +46,8 @@ def per_call_seconds(fn, calls):
 
 def measure(layers, hidden, a):
     """One table row: a trainer of this size, its iteration time, and both logging paths."""
-    from megatron.training_log import training_log
+    from megatron.engine import current_loss_scale
+    from megatron.training_log import IntervalStats, training_log
 
     torch.set_num_threads(a.threads)
     trainer = common.Trainer(common.trainer_flags(layers, hidden, a.heads, a.seq, a.micro_batch, a.vocab))
@@ -60,10 +61,13 @@ def measure(layers, hidden, a):
     for _ in range(a.steps):
         loss = trainer.step()
     iteration = (time.perf_counter() - start) / a.steps
-    args.iteration, args.consumed_train_samples = 1 + a.steps, gbs * (1 + a.steps)
+    progress = trainer.progress
 
-    def ours():
-        training_log({"iterations": 1, "samples": gbs, "loss": loss}, iteration, scheduler, engine, gbs, args)
+    def ours():  # what the training loop does at a log step
+        stats = IntervalStats()
+        stats.add(loss, gbs, True)
+        training_log(stats, iteration, scheduler.get_lr(), engine.get_global_grad_norm(), current_loss_scale(engine),
+                     gbs, progress, args)
 
     def naive():
         naive_parameter_count(engine.module)

@@ -2,7 +2,7 @@
 
 The ceiling is the measured rate of a large square fp32 matmul (torch.mm, 2 n^3 FLOPs) at the
 same torch thread count as the training runs. Each run's model FLOPs/s is
-megatron.utils.flops_per_sample (the number the trainer's "TFLOPs" log field uses) times its
+megatron.model.analytic.flops_per_sample (the number the trainer's "TFLOPs" log field uses) times its
 samples/s. The GEMM is re-measured in every interleaved round, so ceiling and runs see the same
 machine conditions; MFU is the per-round ratio, median over rounds.
 
@@ -52,7 +52,7 @@ def main():
         rows.append((name, f"{common.median(flops) / 1e9:.1f}",
                      f"{common.median([f / g for f, g in zip(flops, gemm)]):.2f}"))
     print(f"model {common.model_label(a)}, fp32, {ours.flops_per_sample / 1e9:.1f} GFLOPs per sample "
-          f"(megatron.utils.flops_per_sample), {a.threads} torch thread(s); median of {a.reps} rounds")
+          f"(megatron.model.analytic.flops_per_sample), {a.threads} torch thread(s); median of {a.reps} rounds")
     print(common.table(["run", "GFLOP/s", "fraction of GEMM rate (MFU)"], rows))
     print(rounds.note())
 

@@ -5,17 +5,15 @@ import io
 import logging
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported anywhere
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def add_model_args(parser, layers=4, hidden=512, heads=8, seq=512, micro_batch=4, vocab=8192):
@@ -47,28 +45,32 @@ def trainer_flags(layers, hidden, heads, seq, micro_batch, vocab, global_batch=N
 
 class Trainer:
     """Our trainer at world size 1, built exactly as megatron.training.pretrain builds it;
-    `step()` is the body of megatron.training.train minus logging / eval / save bookkeeping."""
+    `step()` is megatron.training.train_step, the loop's own iteration (minus logging / eval / save)."""
 
     def __init__(self, flags):
         import pretrain_gpt
         from megatron import training
+        from megatron.engine import engine_steps
         from megatron.initialize import initialize_megatron
+        from megatron.training_state import TrainingProgress
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         with contextlib.redirect_stdout(io.StringIO()):  # the startup report, not a result
             self.args = initialize_megatron(args_list=flags)
-            self.engine, self.lr_scheduler, _ = training.setup_model_and_optimizer(pretrain_gpt.model_provider,
-                                                                                   self.args)
+            engine, self.lr_scheduler, self.calculator = training.setup_model_and_optimizer(
+                pretrain_gpt.model_provider, self.args)
+            self.progress = TrainingProgress()
             self.train_iter, _, _ = training.build_data_iterators(
-                pretrain_gpt.train_valid_test_datasets_provider, self.args, pretrain_gpt.get_batch)
-        self._step = training._make_train_step(self.engine, pretrain_gpt.forward_step, self.args)
+                pretrain_gpt.train_valid_test_datasets_provider, self.args, self.progress, pretrain_gpt.get_batch)
+        self.engine = engine
+        self.steps = engine_steps(engine, pretrain_gpt.forward_step, self.args)
         self.engine.train()
         self.samples_per_step = self.args.global_batch_size
         self.flops_per_sample = self.args.flops_per_sample
 
     def step(self):
-        loss = self._step(self.train_iter)
-        self.lr_scheduler.step(self.args.global_batch_size)
+        from megatron.training import train_step
+        loss, _ = train_step(self.steps, self.lr_scheduler, self.calculator, self.train_iter, self.progress, self.args)
         return loss
 
 

@@ -114,7 +114,8 @@ def mean_profile(profiles):
         for op, by_site in step_sites.items():
             sites[op].update(by_site)
     n = len(profiles)
-    return {op: ms / n for op, ms in totals.items()}, {op: {w: ms / n for w, ms in c.items()} for op, c in sites.items()}
+    per_site = {op: {w: ms / n for w, ms in c.items()} for op, c in sites.items()}
+    return {op: ms / n for op, ms in totals.items()}, per_site
 
 
 def ab(current, alternative, reps=9):

@@ -60,12 +60,11 @@ def set_rng_state(state):
     mpu.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def save_checkpoint(iteration, engine, lr_scheduler, args):
+def save_checkpoint(engine, lr_scheduler, progress, args):
+    iteration = progress.iteration
     client_state = {
-        "iteration": iteration,
-        "consumed_train_samples": args.consumed_train_samples,
-        "consumed_valid_samples": args.consumed_valid_samples,
-        "gigaflos_no_embeds": args.gigaflos_no_embeds,
+        "iteration": iteration,  # also inside progress; kept at the top for tools that read it
+        "progress": progress.state_dict(),
         "lr_scheduler": lr_scheduler.state_dict(),
         "layout": _layout(args),
     }
@@ -78,7 +77,7 @@ def save_checkpoint(iteration, engine, lr_scheduler, args):
         _write_atomic(os.path.join(args.save, "latest"), _tag(iteration))
         _write_atomic(os.path.join(args.save, TRACKER), str(iteration))
     dist.barrier()
-    args.last_saved_iteration = iteration
+    progress.last_saved_iteration = iteration
     print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
 
 
@@ -101,7 +100,8 @@ def check_layout(load_dir, iteration, args):
         saved = json.load(f)
     ours = _layout(args)
     if saved != ours:
-        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}" for k in LAYOUT_KEYS if saved.get(k) != ours[k])
+        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}"
+                           for k in LAYOUT_KEYS if saved.get(k) != ours[k])
         raise ConfigError(f"--load {load_dir}: checkpoint layout differs from this run ({differ}); "
                           f"launch with the saved layout")
 
@@ -112,13 +112,22 @@ def check_load_layout(args):
         check_layout(args.load, iteration, args)
 
 
-def load_checkpoint(engine, lr_scheduler, args):
-    """Returns (iteration to continue from, saved RNG state or None). The caller restores the
-    RNG state once everything that draws from the RNG during setup has run."""
+def _saved_progress(client_state):
+    """The progress entry; checkpoints from before it existed kept its fields at the top level."""
+    if "progress" in client_state:
+        return client_state["progress"]
+    fields = ("iteration", "consumed_train_samples", "consumed_valid_samples", "gigaflos_no_embeds")
+    return {name: client_state[name] for name in fields}
+
+
+def load_checkpoint(engine, lr_scheduler, progress, args):
+    """Restores the weights (and optimizer, LR schedule and `progress` unless --finetune) and
+    returns the saved RNG state or None. The caller restores the RNG state once everything that
+    draws from the RNG during setup has run."""
     iteration = read_tracker(args.load)
     if iteration is None:
         print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
-        return 0, None
+        return None
     path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
                                                 load_optimizer_states=not args.no_load_optim and not args.finetune,
                                                 load_lr_scheduler_states=False)
@@ -126,12 +135,9 @@ def load_checkpoint(engine, lr_scheduler, args):
         raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
     if args.finetune:
         print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
-        return 0, None
-    args.consumed_train_samples = client_state["consumed_train_samples"]
-    args.consumed_valid_samples = client_state["consumed_valid_samples"]
-    args.gigaflos_no_embeds = client_state["gigaflos_no_embeds"]
+        return None
+    progress.load_state_dict(_saved_progress(client_state))
+    progress.last_saved_iteration = progress.iteration
     lr_scheduler.load_state_dict(client_state["lr_scheduler"])
-    args.last_saved_iteration = client_state["iteration"]
-    print_rank_0(f"loaded checkpoint {path} at iteration {client_state['iteration']}")
-    rng_state = None if args.no_load_rng else client_state.get("rng_state")
-    return client_state["iteration"], rng_state
+    print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")
+    return None if args.no_load_rng else client_state.get("rng_state")

@@ -1,9 +1,8 @@
 """pretrain(): build, then train / evaluate / checkpoint through the DeepSpeed engine.
 
 Model size and FLOPs per sample are computed once in setup_model_and_optimizer (see
-megatron/utils.py); the logger below only reads them from args.
+megatron/utils.py); the logger only reads them.
 """
-import sys
 import time
 
 import deepspeed
@@ -12,13 +11,15 @@ import torch
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
 from megatron.checkpointing import check_load_layout, load_checkpoint, save_checkpoint, set_rng_state
+from megatron.engine import current_loss_scale, engine_steps
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
-from megatron.optimizer import build_optimizer, uses_own_clipping
-from megatron.training_log import evaluation_log, log_model_size, training_log
 from megatron.model.analytic import gigaflos_no_embeds
+from megatron.optimizer import build_optimizer, uses_own_clipping
+from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
+from megatron.training_state import TrainingProgress
 from megatron.utils import (cache_parameter_counts, compute_parameter_counts, format_parameter_report,
                             parameter_count_mismatches)
 
@@ -26,32 +27,42 @@ from megatron.utils import (cache_parameter_counts, compute_parameter_counts, fo
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func, batch_fn,
              extra_args_provider=None, args_list=None):
     """forward_step_func(batch, model) -> loss for the non-pipeline engine; batch_fn(data) ->
-    (inputs, labels) for the pipeline engine."""
+    (inputs, labels) for the pipeline engine. Returns (args, progress) when the run ends."""
     start = time.time()
     args = initialize_megatron(extra_args_provider, args_list)
     if args.load:
         check_load_layout(args)  # a mismatched checkpoint fails before the model is built
     engine, lr_scheduler, calculator = setup_model_and_optimizer(model_provider, args)
-    args.iteration, rng_state = load_checkpoint(engine, lr_scheduler, args) if args.load else (0, None)
-    calculator.update(args.consumed_train_samples)
+    progress = TrainingProgress()
+    rng_state = load_checkpoint(engine, lr_scheduler, progress, args) if args.load else None
+    calculator.update(progress.consumed_train_samples)
     engine.set_train_batch_size(calculator.get_current_global_batch_size())
-    train_iter, valid_iter, test_iter = build_data_iterators(train_valid_test_dataset_provider, args, batch_fn)
+    train_iter, valid_iter, test_iter = build_data_iterators(train_valid_test_dataset_provider, args, progress,
+                                                            batch_fn)
     if rng_state is not None:  # last: nothing in setup may draw from the RNG after this
         set_rng_state(rng_state)
     print_rank_0(f"time to initialize and build (s): {time.time() - start:.2f}")
 
-    step = _make_train_step(engine, forward_step_func, args)
-    evaluate_fn = _make_evaluate(engine, forward_step_func, args)
-    if args.train_iters is None or args.iteration < args.train_iters:
-        train(step, evaluate_fn, engine, lr_scheduler, calculator, train_iter, valid_iter, args)
-    if valid_iter is not None and args.eval_iters > 0:
-        evaluation_log("the end of training for val data", evaluate_fn(valid_iter), args)
-    if args.save and args.iteration > 0 and args.iteration != args.last_saved_iteration:
-        save_checkpoint(args.iteration, engine, lr_scheduler, args)
-    if test_iter is not None and args.eval_iters > 0:
-        evaluation_log("the end of training for test data", evaluate_fn(test_iter), args, tensorboard=False)
+    steps = engine_steps(engine, forward_step_func, args)
+    stop = "finished"
+    if args.train_iters is None or progress.iteration < args.train_iters:
+        stop = train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, args)
+    if stop == "finished":
+        if valid_iter is not None and args.eval_iters > 0:
+            evaluation_log("the end of training for val data", evaluate(steps, valid_iter, calculator, progress, args),
+                           progress, args)
+        if args.save and progress.iteration > 0 and progress.iteration != progress.last_saved_iteration:
+            save_checkpoint(engine, lr_scheduler, progress, args)
+        if test_iter is not None and args.eval_iters > 0:
+            evaluation_log("the end of training for test data", evaluate(steps, test_iter, calculator, progress, args),
+                           progress, args, tensorboard=False)
+    else:  # --exit-interval / --exit-duration-in-mins: save and leave, as Megatron does
+        if args.save and progress.last_saved_iteration != progress.iteration:
+            save_checkpoint(engine, lr_scheduler, progress, args)
+        torch.distributed.barrier()
+        print_rank_0(f"exiting program at iteration {progress.iteration}")
     close_tensorboard_writer()
-    return args
+    return args, progress
 
 
 # --- build -----------------------------------------------------------------------------------
@@ -61,14 +72,14 @@ def setup_model_and_optimizer(model_provider, args):
     # the one and only parameter count of the run
     counts = compute_parameter_counts(model, mpu)
     cache_parameter_counts(args, counts)
-    for line in format_parameter_report(counts, args.model_shape, args.data_parallel_size,
-                                        args.checkpoint_activations):
+    report = format_parameter_report(counts, args.model_shape, args.data_parallel_size, args.checkpoint_activations)
+    for line in report:
         print_rank_0(line)
     problems = parameter_count_mismatches(counts, args.model_shape)
     if problems and args.rank == 0:
         print("WARNING: parameter count disagrees with the analytic formula "
               "(megatron.model.analytic.analytic_parameter_counts): " + "; ".join(problems), flush=True)
-    log_model_size(args)
+    log_model_size(args, report)
 
     optimizer = build_optimizer(model, args)
     calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
@@ -87,9 +98,6 @@ def setup_model_and_optimizer(model_provider, args):
         engine.pipeline_enable_backward_allreduce = False    # PipelineEngine's ReduceGrads
     lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
     lr_scheduler.step(0)
-    args.consumed_train_samples = args.consumed_valid_samples = 0
-    args.gigaflos_no_embeds = 0.0
-    args.last_saved_iteration = None
     return engine, lr_scheduler, calculator
 
 
@@ -111,7 +119,7 @@ def _build_lr_scheduler(optimizer, args):
     return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style)
 
 
-def build_data_iterators(provider, args, batch_fn):
+def build_data_iterators(provider, args, progress, batch_fn):
     """Every rank builds the datasets (index caches are written by rank 0 only); the first and
     last pipeline stages (every rank without PP) read batches."""
     from megatron.data.data_samplers import build_pretraining_data_loader
@@ -121,7 +129,7 @@ def build_data_iterators(provider, args, batch_fn):
     num_samples = [_train_samples(args), eval_runs * args.eval_iters * gbs, args.eval_iters * gbs]
     datasets = provider(args, num_samples)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
-    consumed = [args.consumed_train_samples, args.consumed_valid_samples, 0]
+    consumed = [progress.consumed_train_samples, progress.consumed_valid_samples, 0]
     iterators = []
     for split, (dataset, done) in enumerate(zip(datasets, consumed)):
         if dataset is not None:  # a finished run reloaded with a shorter schedule has nothing left
@@ -151,92 +159,83 @@ def _cycle(loader):
 
 # --- train -----------------------------------------------------------------------------------
 
-def _make_train_step(engine, forward_step_func, args):
-    if args.ds_pipeline_enabled:
-        def step(data_iterator):
-            return engine.train_batch(data_iter=data_iterator)
-        return step
+def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
+    """One iteration: the batch through the engine, then the bookkeeping that follows from it.
+    Returns the loss (a tensor: no host sync here) and the global batch it was computed on.
 
-    def step(data_iterator):
-        total = 0.0
-        for _ in range(engine.gradient_accumulation_steps()):
-            loss = forward_step_func(next(data_iterator), engine)
-            engine.backward(loss)
-            engine.step()
-            total = total + loss.detach()
-        loss = total / engine.gradient_accumulation_steps()
-        if args.data_parallel_size > 1:  # report the loss of the whole global batch
-            torch.distributed.all_reduce(loss, group=mpu.get_data_parallel_group())
-            loss = loss / args.data_parallel_size
-        return loss
-    return step
-
-
-def _make_evaluate(engine, forward_step_func, args):
-    def evaluate(data_iterator):
-        engine.eval()
-        total = 0.0
-        with torch.no_grad():
-            for _ in range(args.eval_iters):
-                if args.ds_pipeline_enabled:
-                    loss = engine.eval_batch(data_iter=data_iterator)
-                else:
-                    loss = sum(forward_step_func(next(data_iterator), engine)
-                               for _ in range(engine.gradient_accumulation_steps()))
-                    loss = loss / engine.gradient_accumulation_steps()
-                    if args.data_parallel_size > 1:
-                        torch.distributed.all_reduce(loss, group=mpu.get_data_parallel_group())
-                        loss = loss / args.data_parallel_size
-                total += float(loss)
-                args.consumed_valid_samples += args.global_batch_size
-        engine.train()
-        return total / args.eval_iters
-    return evaluate
+    An fp16 step whose gradients overflowed updates nothing: the LR schedule does not advance and
+    the step is counted as skipped. Its samples were consumed and its compute spent, so consumed
+    samples and gigaflos advance as for any other iteration (as in Megatron-DeepSpeed)."""
+    gbs = calculator.get_current_global_batch_size()
+    loss = steps.train_batch(train_iter)
+    if steps.engine.was_step_applied():
+        lr_scheduler.step(gbs)
+    else:
+        progress.skipped_iterations += 1
+    progress.iteration += 1
+    progress.consumed_train_samples += gbs
+    progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, args.seq_length, args.parameters_no_embedding)
+    calculator.update(progress.consumed_train_samples)
+    if calculator.get_current_global_batch_size() != gbs:
+        steps.engine.set_train_batch_size(calculator.get_current_global_batch_size())
+    return loss, gbs
 
 
-def train(step, evaluate_fn, engine, lr_scheduler, calculator, train_iter, valid_iter, args):
+def evaluate(steps, data_iterator, calculator, progress, args):
+    """Mean loss over --eval-iters batches of the current global batch size."""
+    steps.engine.eval()
+    total = 0.0
+    for _ in range(args.eval_iters):
+        total += float(steps.eval_batch(data_iterator))
+        progress.consumed_valid_samples += calculator.get_current_global_batch_size()
+    steps.engine.train()
+    return total / args.eval_iters
+
+
+def _out_of_time(start_time, args):
+    """--exit-duration-in-mins, decided together: one rank past the limit stops every rank (a MAX
+    all-reduce), so no rank enters the exit save while the others start another step."""
+    if not args.exit_duration_in_mins:
+        return False
+    late = torch.tensor([float(time.time() - start_time > 60 * args.exit_duration_in_mins)])
+    if torch.cuda.is_available():
+        late = late.cuda()
+    torch.distributed.all_reduce(late, op=torch.distributed.ReduceOp.MAX)
+    return bool(late.item())
+
+
+def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, args):
+    """Trains until the schedule ends ("finished") or an exit flag fires ("exit-interval",
+    "exit-duration"); returns which."""
     timers = get_timers()
-    engine.train()
-    interval = {"iterations": 0, "samples": 0, "loss": 0.0}
+    steps.engine.train()
+    stats = IntervalStats()
     start_time = time.time()
     while True:
-        if args.train_iters is not None and args.iteration >= args.train_iters:
-            break
-        if args.train_samples is not None and args.consumed_train_samples >= args.train_samples:
-            break
-        gbs = calculator.get_current_global_batch_size()
+        if args.train_iters is not None and progress.iteration >= args.train_iters:
+            return "finished"
+        if args.train_samples is not None and progress.consumed_train_samples >= args.train_samples:
+            return "finished"
         # the interval time covers training steps only, not evaluation or checkpoint saves
         timers("interval-time").start()
-        loss = step(train_iter)
+        loss, gbs = train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
         timers("interval-time").stop()
-        lr_scheduler.step(gbs)
-        args.iteration += 1
-        args.consumed_train_samples += gbs
-        args.gigaflos_no_embeds += gigaflos_no_embeds(gbs, args.seq_length, args.parameters_no_embedding)
-        interval["iterations"] += 1
-        interval["samples"] += gbs
-        interval["loss"] = interval["loss"] + loss  # a tensor: no host sync until we log
+        stats.add(loss, gbs, steps.engine.was_step_applied())
 
-        calculator.update(args.consumed_train_samples)
-        if calculator.get_current_global_batch_size() != gbs:
-            engine.set_train_batch_size(calculator.get_current_global_batch_size())
+        if progress.iteration % args.log_interval == 0:
+            training_log(stats, timers("interval-time").elapsed(), lr_scheduler.get_lr(),
+                         steps.engine.get_global_grad_norm(), current_loss_scale(steps.engine), gbs, progress, args)
+            stats = IntervalStats()
 
-        if args.iteration % args.log_interval == 0:
-            training_log(interval, timers("interval-time").elapsed(), lr_scheduler, engine, gbs, args)
-            interval = {"iterations": 0, "samples": 0, "loss": 0.0}
-
-        if valid_iter is not None and args.eval_interval and args.iteration % args.eval_interval == 0 \
+        if valid_iter is not None and args.eval_interval and progress.iteration % args.eval_interval == 0 \
                 and args.eval_iters > 0:
-            evaluation_log(f"iteration {args.iteration}", evaluate_fn(valid_iter), args)
+            evaluation_log(f"iteration {progress.iteration}", evaluate(steps, valid_iter, calculator, progress, args),
+                           progress, args)
 
-        if args.save and args.save_interval and args.iteration % args.save_interval == 0:
-            save_checkpoint(args.iteration, engine, lr_scheduler, args)
+        if args.save and args.save_interval and progress.iteration % args.save_interval == 0:
+            save_checkpoint(steps.engine, lr_scheduler, progress, args)
 
-        out_of_time = args.exit_duration_in_mins and (time.time() - start_time) / 60 > args.exit_duration_in_mins
-        if (args.exit_interval and args.iteration % args.exit_interval == 0) or out_of_time:
-            if args.save and args.last_saved_iteration != args.iteration:
-                save_checkpoint(args.iteration, engine, lr_scheduler, args)
-            torch.distributed.barrier()
-            print_rank_0(f"exiting program at iteration {args.iteration}")
-            close_tensorboard_writer()
-            sys.exit(0)
+        if args.exit_interval and progress.iteration % args.exit_interval == 0:
+            return "exit-interval"
+        if _out_of_time(start_time, args):
+            return "exit-duration"

@@ -1,19 +1,73 @@
 """The per-iteration log line and TensorBoard scalars (Megatron-DeepSpeed tag names).
 
-Everything here reads cached numbers (args.parameters*, args.flops_per_sample) and the values
-the training step handed over: no collective, no walk over the model's parameters."""
+Everything here reads cached numbers (args.parameters*, args.flops_per_sample) and plain values
+the training loop hands over: no collective, no walk over the model's parameters, no engine."""
 import math
+from dataclasses import dataclass
 
 from megatron import print_rank_last
 from megatron.global_vars import get_tensorboard_writer
 
 
-def log_model_size(args):
-    """Once, at step 0, for the arch-and-scaling dashboards."""
-    writer = get_tensorboard_writer()
-    if writer is not None:
-        writer.add_scalar("model/parameters", args.parameters, 0)
-        writer.add_scalar("model/parameters without embeddings", args.parameters_no_embedding, 0)
+class _NoWriter:
+    """Stands in for the SummaryWriter on ranks (or runs) that write no TensorBoard."""
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    def add_text(self, *args, **kwargs):
+        pass
+
+
+def _writer():
+    return get_tensorboard_writer() or _NoWriter()
+
+
+def _write_group(writer, tag, value, progress, args, axes=("iteration", "samples", "tokens", "gigaflos")):
+    """Megatron-DeepSpeed's tag group: `tag` against iterations, and `tag vs samples`,
+    `tag vs tokens`, `tag vs gigaflos (without embeddings)` for the scaling-law x axes."""
+    x = {"iteration": ("", progress.iteration),
+         "samples": (" vs samples", progress.consumed_train_samples),
+         "tokens": (" vs tokens", progress.consumed_train_samples * args.seq_length),
+         "gigaflos": (" vs gigaflos (without embeddings)", progress.gigaflos_no_embeds)}
+    for axis in axes:
+        suffix, step = x[axis]
+        writer.add_scalar(tag + suffix, value, step)
+
+
+def log_model_size(args, report_lines):
+    """Once, at step 0, for the arch-and-scaling dashboards. TensorBoard stores scalars as float32,
+    exact only below 2^24 (16.7M): the scalars are for plotting, and the exact integers (the
+    startup report's table) go next to them as a text summary."""
+    writer = _writer()
+    writer.add_scalar("model/parameters", args.parameters, 0)
+    writer.add_scalar("model/parameters without embeddings", args.parameters_no_embedding, 0)
+    # indented: TensorBoard renders text as markdown, and a code block keeps the table's columns
+    writer.add_text("model/parameters (exact)", "\n".join("    " + line for line in report_lines), 0)
+
+
+@dataclass
+class IntervalStats:
+    """What the iterations since the last log line add up to. The loss averages the iterations
+    whose update was applied (an fp16 overflow step's loss is not a loss of the model)."""
+    iterations: int = 0
+    samples: int = 0
+    applied: int = 0
+    loss: object = 0.0  # a tensor sum once a loss was added: no host sync until we log
+
+    def add(self, loss, samples, applied):
+        self.iterations += 1
+        self.samples += samples
+        if applied:
+            self.applied += 1
+            self.loss = self.loss + loss
+
+    @property
+    def skipped(self):
+        return self.iterations - self.applied
+
+    def mean_loss(self):
+        return float(self.loss) / max(1, self.applied)
 
 
 def throughput(samples, elapsed, args):
@@ -23,66 +77,51 @@ def throughput(samples, elapsed, args):
     return samples_per_second, samples_per_second * args.seq_length, tflops
 
 
-def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, args):
-    iterations = interval["iterations"]
-    loss = float(interval["loss"]) / iterations
-    lr = lr_scheduler.get_lr()
-    grad_norm = engine.get_global_grad_norm()
+def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args):
+    loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
-    samples_per_second, tokens_per_second, tflops = throughput(interval["samples"], elapsed, args)
-    dp = args.data_parallel_size
+    samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, args)
+    dp, it = args.data_parallel_size, progress.iteration
 
-    writer = get_tensorboard_writer()
-    if writer is not None:
-        it, samples, tokens = args.iteration, args.consumed_train_samples, args.consumed_train_samples * args.seq_length
-        writer.add_scalar("learning-rate/learning-rate", lr, it)
-        writer.add_scalar("learning-rate/learning-rate vs samples", lr, samples)
-        if args.log_batch_size_to_tensorboard:
-            writer.add_scalar("batch-size/batch-size", global_batch_size, it)
-            writer.add_scalar("batch-size/batch-size vs samples", global_batch_size, samples)
-        writer.add_scalar("lm-loss-training/lm loss", loss, it)
-        writer.add_scalar("lm-loss-training/lm loss vs samples", loss, samples)
-        writer.add_scalar("lm-loss-training/lm loss vs tokens", loss, tokens)
-        writer.add_scalar("lm-loss-training/lm loss vs gigaflos (without embeddings)", loss,
-                          args.gigaflos_no_embeds)
-        if grad_norm is not None:
-            writer.add_scalar("grad-norm/grad-norm", grad_norm, it)
-        if args.log_timers_to_tensorboard:
-            writer.add_scalar("iteration-time/iteration-time", elapsed / iterations, it)
-        writer.add_scalar("iteration-time/samples per second", samples_per_second, it)
-        writer.add_scalar("iteration-time/samples per second per replica", samples_per_second / dp, it)
-        writer.add_scalar("iteration-time/tokens per second", tokens_per_second, it)
-        writer.add_scalar("iteration-time/tokens per second per replica", tokens_per_second / dp, it)
-        writer.add_scalar("iteration-time/TFLOPs per gpu (estimated)", tflops, it)
+    writer = _writer()
+    _write_group(writer, "learning-rate/learning-rate", lr, progress, args, axes=("iteration", "samples"))
+    if args.log_batch_size_to_tensorboard:
+        _write_group(writer, "batch-size/batch-size", global_batch_size, progress, args, axes=("iteration", "samples"))
+    _write_group(writer, "lm-loss-training/lm loss", loss, progress, args)
+    if loss_scale is not None:
+        writer.add_scalar("loss-scale/loss-scale", loss_scale, it)
+    if grad_norm is not None:
+        writer.add_scalar("grad-norm/grad-norm", grad_norm, it)
+    if args.log_timers_to_tensorboard:
+        writer.add_scalar("iteration-time/iteration-time", elapsed / stats.iterations, it)
+    writer.add_scalar("iteration-time/samples per second", samples_per_second, it)
+    writer.add_scalar("iteration-time/samples per second per replica", samples_per_second / dp, it)
+    writer.add_scalar("iteration-time/tokens per second", tokens_per_second, it)
+    writer.add_scalar("iteration-time/tokens per second per replica", tokens_per_second / dp, it)
+    writer.add_scalar("iteration-time/TFLOPs per gpu (estimated)", tflops, it)
 
-    line = (f" iteration {args.iteration:8d}/{args.total_iterations:8d} |"
-            f" consumed samples: {args.consumed_train_samples:12d} |"
-            f" elapsed time per iteration (ms): {1000.0 * elapsed / iterations:.1f} |"
+    line = (f" iteration {it:8d}/{args.total_iterations:8d} |"
+            f" consumed samples: {progress.consumed_train_samples:12d} |"
+            f" elapsed time per iteration (ms): {1000.0 * elapsed / stats.iterations:.1f} |"
             f" learning rate: {lr:.3E} |"
             f" global batch size: {global_batch_size:5d} |"
             f" lm loss: {loss:.6E} |")
+    if loss_scale is not None:
+        line += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
+    line += f" number of skipped iterations: {stats.skipped:3d} |"
     line += f" samples per second: {samples_per_second:.3f} | TFLOPs: {tflops:.2f} |"
     print_rank_last(line)
 
 
-def evaluation_log(prefix, loss, args, tensorboard=True):
+def evaluation_log(prefix, loss, progress, args, tensorboard=True):
     ppl = math.exp(min(20.0, loss))
-    writer = get_tensorboard_writer()
-    if writer is not None and tensorboard:
-        it, samples = args.iteration, args.consumed_train_samples
-        tokens = samples * args.seq_length
-        writer.add_scalar("lm-loss-validation/lm loss validation", loss, it)
-        writer.add_scalar("lm-loss-validation/lm loss validation vs samples", loss, samples)
-        writer.add_scalar("lm-loss-validation/lm loss validation vs tokens", loss, tokens)
-        writer.add_scalar("lm-loss-validation/lm loss validation vs gigaflos (without embeddings)", loss,
-                          args.gigaflos_no_embeds)
+    if tensorboard:
+        writer = _writer()
+        _write_group(writer, "lm-loss-validation/lm loss validation", loss, progress, args)
         if args.log_validation_ppl_to_tensorboard:
-            writer.add_scalar("lm-loss-validation/lm loss validation ppl", ppl, it)
-            writer.add_scalar("lm-loss-validation/lm loss validation ppl vs samples", ppl, samples)
-            writer.add_scalar("lm-loss-validation/lm loss validation ppl vs tokens", ppl, tokens)
-            writer.add_scalar("lm-loss-validation/lm loss validation ppl vs gigaflos (without embeddings)",
-                              ppl, args.gigaflos_no_embeds)
+            _write_group(writer, "lm-loss-validation/lm loss validation ppl", ppl, progress, args)
     bar = "-" * 100
-    print_rank_last(f"{bar}\n validation loss at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |\n{bar}")
+    print_rank_last(f"{bar}\n validation loss at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"
+                    f"\n{bar}")

@@ -1,7 +1,3 @@
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported anywhere

@@ -3,16 +3,11 @@ our model-parallel groups initialised, and collect what each rank returns."""
 import io
 import multiprocessing
 import os
-import socket
 import traceback
 
 import torch
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from megatron.launch import free_port
 
 
 def _worker(rank, world_size, port, tp, pp, fn, args, queue):

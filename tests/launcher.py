@@ -1,13 +1,9 @@
 """Launch real multi-process training runs the way users do: `deepspeed --num_gpus N ...`."""
 import json
 import os
-import re
-import subprocess
-import sys
 
-from distributed import free_port
+from megatron.launch import ROOT, logged_iterations, run_deepspeed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "pretrain_driver.py")
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -19,12 +15,7 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
 def launch(num_ranks, args, out_dir, script=DRIVER, timeout=600, check=True):
     """Returns (completed process, {rank: driver json}) ; stdout+stderr in proc.stdout."""
     os.makedirs(out_dir, exist_ok=True)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", DRIVER_OUT=out_dir, OMP_NUM_THREADS="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
-           "--master_port", str(free_port()), script] + [str(a) for a in args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+    proc = run_deepspeed(num_ranks, script, args, env=dict(os.environ, DRIVER_OUT=out_dir), timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
     ranks = {}
@@ -38,5 +29,4 @@ def launch(num_ranks, args, out_dir, script=DRIVER, timeout=600, check=True):
 
 def losses(output):
     """{iteration: lm loss} from the Megatron log lines."""
-    return {int(m.group(1)): float(m.group(2))
-            for m in re.finditer(r"iteration\s+(\d+)/\s*\S+ \|.*?lm loss: ([0-9.E+-]+)", output)}
+    return {it: fields["lm loss"] for it, fields in logged_iterations(output).items()}

@@ -12,15 +12,12 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.distributed as dist
+from deepspeed.utils import logger as ds_logger
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from deepspeed.utils import logger as ds_logger  # noqa: E402
-
-import megatron  # noqa: E402
-import megatron.training as training  # noqa: E402
-import pretrain_gpt  # noqa: E402
+import megatron.training as training
+import pretrain_gpt
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
@@ -47,13 +44,13 @@ _spy(torch.nn.Module, "named_parameters", "parameter_walks_in_log")
 _training_log = training.training_log
 
 
-def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, args):
+def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args):
     # the logged loss at full precision, for bit-for-bit comparisons across runs
-    state["losses"][args.iteration] = float(interval["loss"]) / interval["iterations"]
+    state["losses"][progress.iteration] = stats.mean_loss()
     state["log_calls"] += 1
     state["in_log"] = True
     try:
-        return _training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, args)
+        return _training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args)
     finally:
         state["in_log"] = False
 
@@ -82,12 +79,7 @@ ds_logger.addHandler(_EngineView(level=logging.INFO))
 
 
 def main():
-    try:
-        args = pretrain_gpt.main(sys.argv[1:])
-    except SystemExit as e:  # --exit-interval: still report what was logged
-        if e.code not in (0, None):
-            raise
-        args = megatron.get_args()
+    args, progress = pretrain_gpt.main(sys.argv[1:])
     out = os.environ["DRIVER_OUT"]
     result = dict(state, rank=args.rank, parameters=args.parameters,
                   parameters_no_embedding=args.parameters_no_embedding,
@@ -95,7 +87,7 @@ def main():
                   parameters_in_billions_no_embedding=args.parameters_in_billions_no_embedding,
                   components=args.parameter_components, stages=args.parameter_stages,
                   flops_per_sample=args.flops_per_sample, padded_vocab_size=args.padded_vocab_size,
-                  iteration=args.iteration, gigaflos_no_embeds=args.gigaflos_no_embeds)
+                  iteration=progress.iteration, gigaflos_no_embeds=progress.gigaflos_no_embeds)
     del result["in_log"]
     with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
         json.dump(result, f)

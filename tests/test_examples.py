@@ -4,8 +4,7 @@ script prints the exact 52M count."""
 import os
 import subprocess
 
-from distributed import free_port
-from launcher import ROOT
+from megatron.launch import ROOT, free_port
 
 
 def run_example(script, tmp_path, *flags, **env):

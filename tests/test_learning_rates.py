@@ -37,4 +37,4 @@ def test_state_round_trip():
     a.step(37)
     b = AnnealingLR(_Optimizer(), 1.0, 0.1, 10, 110, "cosine")
     b.load_state_dict(a.state_dict())
-    assert b.get_lr() == a.get_lr() and b.num_steps == 37
+    assert b.get_lr() == a.get_lr() and b.num_samples == 37

@@ -30,7 +30,8 @@ def _pipeline_step():
         batches.append((tokens, (labels, loss_mask)))
     eval_loss = engine.eval_batch(iter(batches)).item()
     train_loss = engine.train_batch(iter(batches)).item()
-    return {"grad_norm": float(engine.get_global_grad_norm()), "initial": initial, "updated": {k: v.clone() for k, v in model.state_dict().items()},
+    return {"grad_norm": float(engine.get_global_grad_norm()), "initial": initial,
+            "updated": {k: v.clone() for k, v in model.state_dict().items()},
             "eval_loss": eval_loss, "train_loss": train_loss, "stage": mpu.get_pipeline_model_parallel_rank()}
 
 

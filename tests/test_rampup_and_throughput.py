@@ -33,7 +33,8 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     world, dp = 2, 1
     for it in range(1, 13):
         sps = scalars["iteration-time/samples per second"][it]
-        assert scalars["iteration-time/TFLOPs per gpu (estimated)"][it] == pytest.approx(sps * flops / world / 1e12, rel=1e-5)
+        tflops = scalars["iteration-time/TFLOPs per gpu (estimated)"][it]
+        assert tflops == pytest.approx(sps * flops / world / 1e12, rel=1e-5)
         assert scalars["iteration-time/tokens per second"][it] == pytest.approx(sps * SEQ, rel=1e-6)
         assert scalars["iteration-time/samples per second per replica"][it] == pytest.approx(sps / dp, rel=1e-6)
     # gigaflos accumulate 6 x samples x seq x non-embedding params with the ramping batch

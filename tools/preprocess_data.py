@@ -16,11 +16,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, index_file_path  # noqa: E402
-from megatron.tokenizer import build_tokenizer  # noqa: E402
-from megatron.tokenizer.tokenizer import TOKENIZER_TYPES  # noqa: E402
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, index_file_path
+from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
 def get_args(argv=None):

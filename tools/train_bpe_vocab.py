@@ -12,12 +12,9 @@ Usage:
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.tokenizer.gpt2_tokenization import bytes_to_unicode  # noqa: E402
-from megatron.tokenizer.tokenizer import EOD_TOKEN  # noqa: E402
+from megatron.tokenizer.gpt2_tokenization import bytes_to_unicode
+from megatron.tokenizer.tokenizer import EOD_TOKEN
 
 
 def get_args(argv):

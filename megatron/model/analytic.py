@@ -35,7 +35,8 @@ def _embedding_specs(shape, layer):
 
 
 def _layernorm_specs(layer, prefix, h):
-    return [ParamSpec(layer, f"{prefix}weight", "layernorm", (h,)), ParamSpec(layer, f"{prefix}bias", "layernorm", (h,))]
+    return [ParamSpec(layer, f"{prefix}weight", "layernorm", (h,)),
+            ParamSpec(layer, f"{prefix}bias", "layernorm", (h,))]
 
 
 def _transformer_layer_specs(shape, layer):

@@ -1,0 +1,34 @@
+"""Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo) the way users do, and read
+the Megatron log lines it prints. Shared by the tests and the benchmarks."""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# " iteration  12/  40 | consumed samples: ... | lm loss: 6.4E+00 | ... | samples per second: 17.4 | TFLOPs: 0.01 |"
+_FIELD = re.compile(r" ([a-zA-Z][a-zA-Z ()]*?): ([-+0-9.E]+|nan|inf) \|")
+_ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \|(.*)$", re.MULTILINE)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_deepspeed(num_ranks, script, flags, env=None, threads_per_rank=1, timeout=None):
+    """The completed process, stdout and stderr together in `.stdout`; runs from the repository root."""
+    env = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads_per_rank),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
+           "--master_port", str(free_port()), script] + [str(f) for f in flags]
+    return subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+
+
+def logged_iterations(output):
+    """{iteration: {field: value}} from the training log lines, e.g. out[12]["lm loss"]."""
+    return {int(m.group(1)): {k: float(v) for k, v in _FIELD.findall(m.group(2) + " ")}
+            for m in _ITERATION.finditer(output)}

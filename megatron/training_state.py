@@ -1,0 +1,22 @@
+"""The run's progress: what a checkpoint must carry for training to continue where it stopped.
+Saved and restored as one entry, so adding a field is one line."""
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class TrainingProgress:
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    gigaflos_no_embeds: float = 0.0   # C = 6 N D so far (N without embeddings), in 1e9 FLOPs
+    skipped_iterations: int = 0       # fp16 steps whose update was skipped (gradient overflow)
+    last_saved_iteration: int = None
+
+    def state_dict(self):
+        return asdict(self)
+
+    def load_state_dict(self, state):
+        """Fields missing from an older checkpoint keep their defaults."""
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
