@@ -49,13 +49,12 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
         stop = train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, args)
     if stop == "finished":
         if valid_iter is not None and args.eval_iters > 0:
-            evaluation_log("the end of training for val data", evaluate(steps, valid_iter, calculator, progress, args),
-                           progress, args)
+            validate(steps, valid_iter, calculator, progress, args, "the end of training for val data")
         if args.save and progress.iteration > 0 and progress.iteration != progress.last_saved_iteration:
             save_checkpoint(engine, lr_scheduler, progress, args)
         if test_iter is not None and args.eval_iters > 0:
-            evaluation_log("the end of training for test data", evaluate(steps, test_iter, calculator, progress, args),
-                           progress, args, tensorboard=False)
+            loss, _ = evaluate(steps, test_iter, calculator, args)
+            evaluation_log("the end of training for test data", loss, progress, args, tensorboard=False)
     else:  # --exit-interval / --exit-duration-in-mins: save and leave, as Megatron does
         if args.save and progress.last_saved_iteration != progress.iteration:
             save_checkpoint(engine, lr_scheduler, progress, args)
@@ -181,15 +180,21 @@ def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
     return loss, gbs
 
 
-def evaluate(steps, data_iterator, calculator, progress, args):
-    """Mean loss over --eval-iters batches of the current global batch size."""
+def evaluate(steps, data_iterator, calculator, args):
+    """Mean loss over --eval-iters batches of the current global batch size, and the samples read."""
     steps.engine.eval()
     total = 0.0
     for _ in range(args.eval_iters):
         total += float(steps.eval_batch(data_iterator))
-        progress.consumed_valid_samples += calculator.get_current_global_batch_size()
     steps.engine.train()
-    return total / args.eval_iters
+    return total / args.eval_iters, args.eval_iters * calculator.get_current_global_batch_size()
+
+
+def validate(steps, valid_iter, calculator, progress, args, prefix):
+    """Evaluate on the validation split; the samples read move the saved validation position."""
+    loss, samples = evaluate(steps, valid_iter, calculator, args)
+    progress.consumed_valid_samples += samples
+    evaluation_log(prefix, loss, progress, args)
 
 
 def _out_of_time(start_time, args):
@@ -229,8 +234,7 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
 
         if valid_iter is not None and args.eval_interval and progress.iteration % args.eval_interval == 0 \
                 and args.eval_iters > 0:
-            evaluation_log(f"iteration {progress.iteration}", evaluate(steps, valid_iter, calculator, progress, args),
-                           progress, args)
+            validate(steps, valid_iter, calculator, progress, args, f"iteration {progress.iteration}")
 
         if args.save and args.save_interval and progress.iteration % args.save_interval == 0:
             save_checkpoint(steps.engine, lr_scheduler, progress, args)

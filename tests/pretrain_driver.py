@@ -4,7 +4,9 @@ each rank saw to $DRIVER_OUT/rank{R}.json:
   * DeepSpeed's own engine view (its UNIQUE_PARAMS log line, made visible at INFO level);
   * our cached counts from args;
   * spies: torch.distributed collectives and Module.parameters()/named_parameters() calls made
-    while megatron.training.training_log runs, and how often the count itself ran.
+    while megatron.training.training_log runs, and how often the count itself ran;
+  * with DRIVER_INF_GRAD_AT=N: iteration N's gradients are made infinite (a forced overflow, as an
+    fp16 loss scale that is too high produces), for the engine's own overflow check to catch.
 """
 import json
 import logging
@@ -63,8 +65,23 @@ def compute_parameter_counts(*args, **kwargs):
     return _count(*args, **kwargs)
 
 
+_train_step = training.train_step
+
+
+def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
+    if progress.iteration + 1 != int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
+        return _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+    param = next(steps.engine.module.parameters())
+    hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    try:
+        return _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+    finally:
+        hook.remove()
+
+
 training.training_log = training_log
 training.compute_parameter_counts = compute_parameter_counts
+training.train_step = train_step
 
 
 class _EngineView(logging.Handler):
@@ -87,7 +104,8 @@ def main():
                   parameters_in_billions_no_embedding=args.parameters_in_billions_no_embedding,
                   components=args.parameter_components, stages=args.parameter_stages,
                   flops_per_sample=args.flops_per_sample, padded_vocab_size=args.padded_vocab_size,
-                  iteration=progress.iteration, gigaflos_no_embeds=progress.gigaflos_no_embeds)
+                  iteration=progress.iteration, gigaflos_no_embeds=progress.gigaflos_no_embeds,
+                  consumed_valid_samples=progress.consumed_valid_samples)
     del result["in_log"]
     with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
         json.dump(result, f)

@@ -1,20 +1,31 @@
 """Batch-size ramp-up in a real PP=2 run with activation checkpointing: the global batch follows
 Megatron's schedule, the number of micro-batches follows it, and every throughput figure the
-logger writes is derived from the cached FLOPs per sample and the batch of that iteration."""
+logger writes is derived from the cached FLOPs per sample and the batch of that iteration.
+Validation during the ramp-up counts the batches it really evaluated, so a run resumed in the
+middle of the ramp-up validates on the same samples as the uninterrupted run."""
+import re
+
 import pytest
 
 from launcher import TINY, launch
 
 SEQ = 32
+EXIT_AT = 6
+
+
+def validation_losses(output):
+    return dict(re.findall(r" validation loss at (iteration \d+|the end of training for val data) \| "
+                           r"lm loss value: ([0-9.E+-]+)", output))
 
 
 def test_rampup_schedule_and_logged_throughput(tmp_path):
     i = TINY.index("--lr-warmup-iters")
     base = TINY[:i] + TINY[i + 2:]  # sample-based run: warmup in samples
     args = base + ["--pipeline-model-parallel-size", 2, "--train-samples", 60, "--global-batch-size", 8,
-                   "--rampup-batch-size", 2, 2, 24, "--lr-warmup-samples", 8, "--checkpoint-activations",
-                   "--tensorboard-dir", tmp_path / "tb", "--log-batch-size-to-tensorboard"]
-    proc, results = launch(2, args, str(tmp_path / "run"))
+                   "--rampup-batch-size", 2, 2, 24, "--lr-warmup-samples", 8, "--checkpoint-activations"]
+    args[args.index("--eval-interval") + 1] = "2"
+    whole_args = args + ["--tensorboard-dir", tmp_path / "tb", "--log-batch-size-to-tensorboard"]
+    proc, results = launch(2, whole_args, str(tmp_path / "run"))
     last = results[1]
     # start 2, +2 every 24/3 = 8 samples until 8: 2,2,2,2 | 4,4 | 6,6 | 8,8,8,8 (60 samples)
     batches = [2, 2, 2, 2, 4, 4, 6, 6, 8, 8, 8, 8]
@@ -40,3 +51,16 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     # gigaflos accumulate 6 x samples x seq x non-embedding params with the ramping batch
     gigaflos = 6 * sum(batches) * SEQ * last["parameters_no_embedding"] / 1e9
     assert last["gigaflos_no_embeds"] == pytest.approx(gigaflos, rel=1e-12)
+
+    # evaluation after iteration 2k runs one batch of the next iteration's size: 2, 4, 6, 8, 8, 8,
+    # and one more at the end of training
+    assert last["consumed_valid_samples"] == 2 + 4 + 6 + 8 + 8 + 8 + 8
+    ckpt = tmp_path / "ckpt"
+    _, first = launch(2, args + ["--save", ckpt, "--save-interval", 100, "--exit-interval", EXIT_AT],
+                      str(tmp_path / "first"))
+    assert first[1]["consumed_valid_samples"] == 2 + 4 + 6
+    resumed_proc, _ = launch(2, args + ["--load", ckpt], str(tmp_path / "resumed"))
+    whole, resumed = validation_losses(proc.stdout), validation_losses(resumed_proc.stdout)
+    assert sorted(resumed) == ["iteration 10", "iteration 12", "iteration 8", "the end of training for val data"]
+    for name, loss in resumed.items():  # the same held-out samples as the uninterrupted run
+        assert float(loss) == pytest.approx(float(whole[name]), rel=1e-5), name

@@ -5,6 +5,7 @@ Both build layer i after seeding the RNG with `seed + i` (DeepSpeed's `seed_laye
 same layer order (0: embedding, 1..L: transformer layers, L+1: final LayerNorm), so every
 TP x PP layout and both wrappers start from the same full weights.
 """
+import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.utils import set_random_seed
 from torch import nn
@@ -72,14 +73,42 @@ class GPTModelPipe(PipelineModule):
         specs.append(LayerSpec(LayerNorm, config.shape.hidden_size, eps=config.layernorm_epsilon))
         specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
                                    tied_weight_attr="word_embeddings_weight"))
-        interval = config.checkpoint_num_layers if config.checkpoint_activations else 0
         super().__init__(layers=specs, loss_fn=_pipe_loss, topology=topology,
                          seed_layers=True, base_seed=seed, seed_fn=_seed_layer,
-                         partition_method="type:transformer",
-                         activation_checkpoint_interval=interval,
-                         activation_checkpoint_func=mpu.checkpoint,
-                         checkpointable_layers=["ParallelTransformerLayerPipe"])
+                         partition_method="type:transformer")
         # seed_layers is for building only: left on, DeepSpeed would also reseed every layer in
         # every forward from a micro-batch counter that checkpoints do not save, so a resumed
         # run would replay the first iterations' dropout masks
         self.seed_layers = False
+        self.checkpoint_num_layers = config.checkpoint_num_layers if config.checkpoint_activations else 0
+
+    def forward(self, forward_input):
+        """This stage's layers; with --checkpoint-activations every run of `checkpoint_num_layers`
+        transformer layers is recomputed in backward. DeepSpeed's own interval chunking would
+        count the embedding, the final LayerNorm and the output layer into the chunks and then
+        recompute none of a chunk that touches them (with 2 layers and k = 2, nothing at all),
+        so every transformer layer is recomputed here, as the FLOPs formula and the non-pipeline
+        model assume."""
+        if not (self.checkpoint_num_layers and torch.is_grad_enabled()):
+            return super().forward(forward_input)
+        x, funcs, i = forward_input, self.forward_funcs, 0
+        while i < len(funcs):
+            if not isinstance(funcs[i], ParallelTransformerLayerPipe):
+                x = funcs[i](x)
+                i += 1
+                continue
+            end = i
+            while end < min(len(funcs), i + self.checkpoint_num_layers) and \
+                    isinstance(funcs[end], ParallelTransformerLayerPipe):
+                end += 1
+            x = mpu.checkpoint(_run_layers(funcs[i:end]), x)
+            i = end
+        return x
+
+
+def _run_layers(layers):
+    def run(hidden_states):
+        for layer in layers:
+            hidden_states = layer(hidden_states)
+        return hidden_states
+    return run
