@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
+from megatron.checkpoint_reshard import optimizer_param_names, write_model_info
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LAYOUT = "megatron_layout.json"
@@ -68,6 +69,7 @@ def save_checkpoint(iteration, engine, lr_scheduler, args):
         "gigaflos_no_embeds": args.gigaflos_no_embeds,
         "lr_scheduler": lr_scheduler.state_dict(),
         "layout": _layout(args),
+        "optimizer_param_names": optimizer_param_names(engine),  # lets another layout resume the optimizer
     }
     if not args.no_save_rng:
         client_state["rng_state"] = _rng_state()
@@ -75,6 +77,7 @@ def save_checkpoint(iteration, engine, lr_scheduler, args):
     dist.barrier()  # every rank's shards are on disk before the pointers move
     if args.rank == 0:
         _write_atomic(os.path.join(args.save, _tag(iteration), LAYOUT), json.dumps(_layout(args), indent=1))
+        write_model_info(os.path.join(args.save, _tag(iteration)), args)
         _write_atomic(os.path.join(args.save, "latest"), _tag(iteration))
         _write_atomic(os.path.join(args.save, TRACKER), str(iteration))
     dist.barrier()
@@ -100,10 +103,9 @@ def check_layout(load_dir, iteration, args):
     with open(path) as f:
         saved = json.load(f)
     ours = _layout(args)
-    if saved != ours:
-        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}" for k in LAYOUT_KEYS if saved.get(k) != ours[k])
-        raise ConfigError(f"--load {load_dir}: checkpoint layout differs from this run ({differ}); "
-                          f"launch with the saved layout")
+    if saved != ours:  # another TP x PP layout is resharded on load; another shape fails here
+        from megatron.resume_reshard import plan_reshard
+        plan_reshard(load_dir, iteration, saved, ours, args)
 
 
 def check_load_layout(args):
@@ -119,9 +121,13 @@ def load_checkpoint(engine, lr_scheduler, args):
     if iteration is None:
         print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
         return 0, None
-    path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
-                                                load_optimizer_states=not args.no_load_optim and not args.finetune,
-                                                load_lr_scheduler_states=False)
+    if getattr(args, "reshard_source", None):  # saved at another TP x PP layout (see check_layout)
+        from megatron.resume_reshard import load_resharded
+        path, client_state = load_resharded(engine, args)
+    else:
+        path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
+                                                    load_optimizer_states=not args.no_load_optim and not args.finetune,
+                                                    load_lr_scheduler_states=False)
     if path is None:
         raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
     if args.finetune:
