@@ -15,7 +15,9 @@ setup(
         "six",
     ],
     extras_require={
+        # tools/convert_checkpoint_to_hf.py only; training never imports them
+        "hf": ["transformers>=5", "safetensors"],
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
-        "test": ["pytest", "tokenizers"],
+        "test": ["pytest", "tokenizers", "transformers>=5", "safetensors"],
     },
 )

@@ -140,14 +140,15 @@ def write_tokenizer(vocab_file, merge_file, output, model_max_length):
 # --- main -------------------------------------------------------------------------------------
 
 def convert(args):
-    import torch
-    import transformers
     from megatron.checkpoint_reshard import Checkpoint
     from megatron.model.analytic import analytic_parameter_counts
 
+    # bad input fails first, in a second, before transformers is imported
     checkpoint = Checkpoint(args.load, args.iteration)
     checkpoint.check_readable()
     tokenizer_files = _tokenizer_files(checkpoint, args)
+    import torch
+    import transformers
     weights = {k: v.float() for k, v in checkpoint.read_weights().items()}
     if tokenizer_files:
         with open(tokenizer_files[0], encoding="utf-8") as f:
@@ -181,11 +182,10 @@ def main(argv=None):
     parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the run used)")
     parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the run used)")
     args = parser.parse_args(argv)
-    try:
-        import transformers  # noqa: F401
-        import safetensors  # noqa: F401
-    except ImportError as e:
-        parser.exit(2, f"convert_checkpoint_to_hf.py: error: {e.name} is not installed: pip install -e \".[hf]\"\n")
+    import importlib.util
+    for package in ("transformers", "safetensors"):
+        if importlib.util.find_spec(package) is None:
+            parser.exit(2, f"convert_checkpoint_to_hf.py: error: {package} is not installed: pip install -e \".[hf]\"\n")
     if os.path.abspath(args.output) == os.path.abspath(args.load):
         parser.exit(2, "convert_checkpoint_to_hf.py: error: --output must differ from --load (the checkpoint is "
                        "never written to)\n")
