@@ -245,6 +245,23 @@ class Checkpoint:
                               f"{tuple(spec.shape)}")
         return tensor
 
+    def _plain_optimizer(self, path):
+        """(optimizer state dict, parameter names) of one mp_rank file, or a one-line error."""
+        state = _load(path)
+        optimizer, names = state.get("optimizer"), state.get("optimizer_param_names")
+        if not isinstance(optimizer, dict) or "state" not in optimizer:
+            raise ConfigError(f"{path}: holds no plain optimizer state (saved with fp16 / bf16 / ZeRO or "
+                              f"--no-save-optim); resume at the saved layout {self.describe()} or pass --no-load-optim")
+        if names is None:
+            raise ConfigError(f"{path}: the optimizer's parameter names were not saved (a checkpoint from before "
+                              f"layout changes were supported); resume at the saved layout {self.describe()} or "
+                              f"pass --no-load-optim")
+        return optimizer, names
+
+    def check_optimizer(self):
+        """The optimizer state can be resharded (checked on one file, before anything is built)."""
+        self._plain_optimizer(self._mp_file(0, 0))
+
     def read_optimizer(self, layers=None):
         """{(layer, key): {state name: full tensor, or the scalar step}} of the optimizer, from the
         stage that owns each parameter (TP rank 0 for TP-replicated ones, which every TP rank
@@ -255,16 +272,7 @@ class Checkpoint:
         for stage in stages:
             for tp_rank in range(self.tp):
                 path = self._mp_file(stage, tp_rank)
-                state = _load(path)
-                optimizer, names = state.get("optimizer"), state.get("optimizer_param_names")
-                if not isinstance(optimizer, dict) or "state" not in optimizer:
-                    raise ConfigError(f"{path}: holds no plain optimizer state (saved with fp16 / bf16 / ZeRO or "
-                                      f"--no-save-optim); resume at the saved layout {self.describe()} or pass "
-                                      f"--no-load-optim")
-                if names is None:
-                    raise ConfigError(f"{path}: the optimizer's parameter names were not saved (a checkpoint from "
-                                      f"before layout changes were supported); resume at the saved layout "
-                                      f"{self.describe()} or pass --no-load-optim")
+                optimizer, names = self._plain_optimizer(path)
                 groups = groups or [{k: v for k, v in g.items() if k != "params"} for g in optimizer["param_groups"]]
                 flat = [n for group in names for n in group]
                 for index, name in enumerate(flat):

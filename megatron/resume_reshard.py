@@ -33,19 +33,20 @@ def plan_reshard(load_dir, iteration, saved, ours, args):
     shape_keys = [k for k in dict.fromkeys(list(saved) + list(ours)) if k not in PARALLEL_KEYS]
     vocab = args.model_shape.vocab_size
     if any(saved.get(k) != ours.get(k) for k in shape_keys) or vocab > saved["padded_vocab_size"]:
-        def fmt(layout, vocab_key):
-            return ", ".join([f"{k}={layout.get(k)}" for k in shape_keys] + [vocab_key])
+        saved_shape = [f"{k}={saved.get(k)}" for k in shape_keys] + [f"padded_vocab_size={saved['padded_vocab_size']}"]
+        our_shape = [f"{k}={ours.get(k)}" for k in shape_keys] + [f"vocab_size={vocab}"]
         raise ConfigError(f"{where}: the checkpoint's model shape differs from this run's (saved: "
-                          f"{fmt(saved, 'padded_vocab_size=%s' % saved['padded_vocab_size'])}; this run: "
-                          f"{fmt(ours, f'vocab_size={vocab}')}); launch with the saved shape")
+                          f"{', '.join(saved_shape)}; this run: {', '.join(our_shape)}); launch with the saved shape")
     source = Checkpoint(load_dir, iteration)
     precision = [flag for flag, on in (("--fp16", args.fp16), ("--bf16", args.bf16),
                                        (f"--zero-stage {args.zero_stage}", args.zero_stage != 0)) if on]
     if precision:
         raise ConfigError(f"{where}: resuming a {source.describe()} checkpoint at {_describe(args)} works in fp32 "
                           f"without ZeRO only (this run has {' '.join(precision)}); resume at the saved layout")
-    _keep_padded_vocab(saved["padded_vocab_size"], args, where)
     source.check_readable()
+    if not (args.no_load_optim or args.finetune):
+        source.check_optimizer()
+    _keep_padded_vocab(saved["padded_vocab_size"], args, where)
     args.reshard_source = (load_dir, iteration)
     print_rank_0(f"resuming {source.describe()} checkpoint {source.step_dir} at {_describe(args)}: "
                  f"resharding weights{'' if args.no_load_optim or args.finetune else ' and optimizer state'}")

@@ -14,11 +14,8 @@ import sys
 
 import pytest
 import torch
-
 from distributed import run_distributed
 from launcher import ROOT, launch
-
-pytest.importorskip("transformers")
 
 ITERS = 6
 CONVERTER = os.path.join(ROOT, "tools", "convert_checkpoint_to_hf.py")
@@ -43,7 +40,8 @@ def digest(directory):
         for name in files:
             path = os.path.join(root, name)
             with open(path, "rb") as f:
-                out[os.path.relpath(path, directory)] = (hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mtime_ns)
+                out[os.path.relpath(path, directory)] = (hashlib.sha256(f.read()).hexdigest(),
+                                                         os.stat(path).st_mtime_ns)
     return out
 
 
@@ -175,11 +173,13 @@ def _our_logits(load_dir, tokens):
 
 def convert(*argv):
     return subprocess.run([sys.executable, CONVERTER, *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          env=dict(os.environ, PYTHONPATH=ROOT), check=False)
 
 
 def test_convert_tp2_pp2_to_transformers(original):
+    pytest.importorskip("transformers")  # the `hf` extra (installed by the `test` extra)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from megatron.tokenizer import build_tokenizer
     hf_dir = original["tmp"] / "hf"
     proc = convert("--load", original["ckpt"], "--output", hf_dir)
@@ -222,12 +222,12 @@ def test_converter_bad_input_is_one_line_naming_the_path(original, tmp_path):
         f.truncate(os.path.getsize(shard) // 2)
     before = digest(broken)
     cases = [
-        (["--load", not_a_checkpoint], f"--load {not_a_checkpoint}: not a checkpoint directory of this trainer "
-                                       f"({not_a_checkpoint}/latest_checkpointed_iteration.txt is missing)"),
+        (["--load", not_a_checkpoint], (f"--load {not_a_checkpoint}: not a checkpoint directory of this trainer "
+                                        f"({not_a_checkpoint}/latest_checkpointed_iteration.txt is missing)")),
         (["--load", original["ckpt"], "--iteration", 3],
          f"--load {original['ckpt']}: {original['ckpt']}/global_step3 does not exist (saved iterations: 2, 4)"),
-        (["--load", broken], f"{shard}: checkpoint shard is unreadable (BadZipFile); the checkpoint is incomplete "
-                             f"or corrupt"),
+        (["--load", broken], (f"{shard}: checkpoint shard is unreadable (BadZipFile); the checkpoint is "
+                              f"incomplete or corrupt")),
     ]
     for argv, message in cases:
         proc = convert(*argv, "--output", tmp_path / "hf")
@@ -250,3 +250,12 @@ def test_resume_refuses_a_truncated_shard_before_building(corpus, original, tmp_
             f"incomplete or corrupt") in proc.stdout
     assert "estimated model parameters" not in proc.stdout  # failed before the model was built
     assert digest(broken) == before
+
+
+def test_training_does_not_import_transformers():
+    """transformers / safetensors are the `hf` extra: the trainer must run without them."""
+    code = ("import sys, pretrain_gpt, megatron.training, megatron.checkpointing, megatron.resume_reshard; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'safetensors')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, DS_ACCELERATOR="cpu"))
+    assert proc.stdout.strip().splitlines()[-1] == "[]"

@@ -125,6 +125,7 @@ def write_tokenizer(vocab_file, merge_file, output, model_max_length):
     """GPT-2 byte-level BPE from vocab.json + merges.txt, as transformers 5 builds it; the plain
     files go along for older readers."""
     import shutil
+
     from transformers import GPT2Tokenizer
     with open(vocab_file, encoding="utf-8") as f:
         vocab = json.load(f)
@@ -185,7 +186,8 @@ def main(argv=None):
     import importlib.util
     for package in ("transformers", "safetensors"):
         if importlib.util.find_spec(package) is None:
-            parser.exit(2, f"convert_checkpoint_to_hf.py: error: {package} is not installed: pip install -e \".[hf]\"\n")
+            parser.exit(2, f"convert_checkpoint_to_hf.py: error: {package} is not installed: "
+                           f"pip install -e \".[hf]\"\n")
     if os.path.abspath(args.output) == os.path.abspath(args.load):
         parser.exit(2, "convert_checkpoint_to_hf.py: error: --output must differ from --load (the checkpoint is "
                        "never written to)\n")
