@@ -16,8 +16,10 @@ setup(
         "six",
     ],
     extras_require={
+        # tools/convert_checkpoint_to_hf.py only; training never imports them
+        "hf": ["transformers>=5", "safetensors"],
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
-        # ruff: the lint CI runs before the tests (ruff.toml)
-        "test": ["pytest", "tokenizers", "ruff"],
+        # ruff: the lint CI runs before the tests (ruff.toml); transformers, safetensors: the HF export
+        "test": ["pytest", "tokenizers", "ruff", "transformers>=5", "safetensors"],
     },
 )

@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
+from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
+from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, write_model_info
+from megatron.training_state import saved_progress
 
-TRACKER = "latest_checkpointed_iteration.txt"
-LAYOUT = "megatron_layout.json"
 # what must match for the saved tensors to fit the model being built
 LAYOUT_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
                "max_position_embeddings", "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -67,6 +68,7 @@ def save_checkpoint(engine, lr_scheduler, progress, args):
         "progress": progress.state_dict(),
         "lr_scheduler": lr_scheduler.state_dict(),
         "layout": _layout(args),
+        "optimizer_param_names": optimizer_param_names(engine),  # lets another layout resume the optimizer
     }
     if not args.no_save_rng:
         client_state["rng_state"] = _rng_state()
@@ -74,6 +76,7 @@ def save_checkpoint(engine, lr_scheduler, progress, args):
     dist.barrier()  # every rank's shards are on disk before the pointers move
     if args.rank == 0:
         _write_atomic(os.path.join(args.save, _tag(iteration), LAYOUT), json.dumps(_layout(args), indent=1))
+        write_model_info(os.path.join(args.save, _tag(iteration)), args)
         _write_atomic(os.path.join(args.save, "latest"), _tag(iteration))
         _write_atomic(os.path.join(args.save, TRACKER), str(iteration))
     dist.barrier()
@@ -99,25 +102,15 @@ def check_layout(load_dir, iteration, args):
     with open(path) as f:
         saved = json.load(f)
     ours = _layout(args)
-    if saved != ours:
-        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}"
-                           for k in LAYOUT_KEYS if saved.get(k) != ours[k])
-        raise ConfigError(f"--load {load_dir}: checkpoint layout differs from this run ({differ}); "
-                          f"launch with the saved layout")
+    if saved != ours:  # another TP x PP layout is resharded on load; another shape fails here
+        from megatron.resume_reshard import plan_reshard
+        plan_reshard(load_dir, iteration, saved, ours, args)
 
 
 def check_load_layout(args):
     iteration = read_tracker(args.load)
     if iteration is not None:
         check_layout(args.load, iteration, args)
-
-
-def _saved_progress(client_state):
-    """The progress entry; checkpoints from before it existed kept its fields at the top level."""
-    if "progress" in client_state:
-        return client_state["progress"]
-    fields = ("iteration", "consumed_train_samples", "consumed_valid_samples", "gigaflos_no_embeds")
-    return {name: client_state[name] for name in fields}
 
 
 def load_checkpoint(engine, lr_scheduler, progress, args):
@@ -128,15 +121,19 @@ def load_checkpoint(engine, lr_scheduler, progress, args):
     if iteration is None:
         print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
         return None
-    path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
-                                                load_optimizer_states=not args.no_load_optim and not args.finetune,
-                                                load_lr_scheduler_states=False)
+    if getattr(args, "reshard_source", None):  # saved at another TP x PP layout (see check_layout)
+        from megatron.resume_reshard import load_resharded
+        path, client_state = load_resharded(engine, args)
+    else:
+        path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
+                                                    load_optimizer_states=not args.no_load_optim and not args.finetune,
+                                                    load_lr_scheduler_states=False)
     if path is None:
         raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
     if args.finetune:
         print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
         return None
-    progress.load_state_dict(_saved_progress(client_state))
+    progress.load_state_dict(saved_progress(client_state))
     progress.last_saved_iteration = progress.iteration
     lr_scheduler.load_state_dict(client_state["lr_scheduler"])
     print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")

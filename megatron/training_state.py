@@ -20,3 +20,12 @@ class TrainingProgress:
         for f in fields(self):
             if f.name in state:
                 setattr(self, f.name, state[f.name])
+
+
+def saved_progress(client_state):
+    """The progress entry of a checkpoint's client state; checkpoints written before it existed
+    kept these fields at the top level."""
+    if "progress" in client_state:
+        return client_state["progress"]
+    return {name: client_state[name] for name in ("iteration", "consumed_train_samples", "consumed_valid_samples",
+                                                  "gigaflos_no_embeds") if name in client_state}

@@ -1,5 +1,5 @@
 """Interrupted-then-resumed runs reproduce the uninterrupted run; half-written checkpoints are
-never picked up; a checkpoint of another layout is refused with both layouts named; the
+never picked up; a checkpoint of another model shape is refused with both shapes named; the
 TensorBoard event file holds the expected scalars."""
 import math
 import os
@@ -72,15 +72,20 @@ def test_resume_matches_at_tp2_pp2(corpus, tmp_path):
     assert resumed["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
 
 
-def test_checkpoint_of_another_layout_is_refused(corpus, tmp_path):
+def test_checkpoint_of_another_shape_is_refused(corpus, tmp_path):
     ckpt = tmp_path / "ckpt"
     launch(1, real_data_args(corpus) + ["--save", ckpt, "--exit-interval", 1], str(tmp_path / "a"))
     before = sorted(os.listdir(ckpt))
-    proc, _ = launch(2, real_data_args(corpus, tp=2) + ["--load", ckpt, "--save", ckpt], str(tmp_path / "b"),
-                     check=False)
+    # another TP x PP layout is resharded (tests/test_checkpoint_layouts.py); another shape is refused
+    proc, _ = launch(1, real_data_args(corpus) + ["--hidden-size", 128, "--load", ckpt, "--save", ckpt],
+                     str(tmp_path / "b"), check=False)
     assert proc.returncode != 0
-    assert ("pretrain_gpt.py: error: --load " + str(ckpt) + ": checkpoint layout differs from this run "
-            "(tensor_model_parallel_size: saved 1 vs now 2); launch with the saved layout") in proc.stdout
+    assert ("pretrain_gpt.py: error: --load " + str(ckpt) + ": the checkpoint's model shape differs from this run's "
+            "(saved: num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4, "
+            "max_position_embeddings=64, padded_vocab_size=8192; this run: num_layers=2, hidden_size=128, "
+            "ffn_hidden_size=512, num_attention_heads=4, max_position_embeddings=64, vocab_size=8192); "
+            "launch with the saved shape") in proc.stdout
+    assert "estimated model parameters" not in proc.stdout  # refused before the model was built
     assert sorted(os.listdir(ckpt)) == before  # nothing saved was touched
 
 

@@ -1,0 +1,288 @@
+"""A saved checkpoint as full (TP=1) tensors, whatever its TP x PP layout, and the cut of full
+tensors for one (TP rank, pipeline stage) of another layout. tools/convert_checkpoint_to_hf.py
+and resuming at another layout (megatron/checkpointing.py -> megatron/resume_reshard.py) both
+read checkpoints through this module.
+
+Every tensor is keyed by the parameter table (megatron/model/analytic.py): (layer, key) = the
+GPTModelPipe layer index and the name inside that layer, with the full shape and the TP split
+dim. Nothing about the model's parameters is written here twice.
+
+What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes):
+  pipeline engine     layer_LL-model_TT-model_states.pt  layer LL's weights on TP rank TT (the
+                                                          last stage's tied copy is not saved)
+                      mp_rank_MM_model_states.pt          optimizer + our client state of model-
+                                                          parallel rank MM = stage x TP + TP rank
+  --no-pipeline-parallel  mp_rank_TT_model_states.pt      all of the above, the module under "module"
+plus ours: megatron_layout.json (shape + layout) and megatron_model.json (numerics, tokenizer).
+Torch only: no DeepSpeed, no transformers. Reading never writes anything.
+"""
+import json
+import os
+import re
+import zipfile
+
+import torch
+
+from megatron.model.analytic import parameter_table, stage_of_layer
+from megatron.model.shape import ConfigError, ModelShape
+
+TRACKER = "latest_checkpointed_iteration.txt"
+LAYOUT_FILE = "megatron_layout.json"
+MODEL_FILE = "megatron_model.json"
+# layout keys that say how the model was cut, not what it is (the padded vocab follows the TP size)
+PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "ds_pipeline_enabled",
+                 "padded_vocab_size")
+
+
+def write_model_info(step_dir, args):
+    """What a tool needs besides the layout to rebuild or export the model: numerics and the
+    tokenizer (files by absolute path). Written by rank 0 next to megatron_layout.json."""
+    def path(p):
+        return os.path.abspath(p) if p else None
+    info = {"vocab_size": args.model_shape.vocab_size, "seq_length": args.seq_length,
+            "make_vocab_size_divisible_by": args.make_vocab_size_divisible_by,
+            "layernorm_epsilon": args.layernorm_epsilon, "hidden_dropout": args.hidden_dropout,
+            "attention_dropout": args.attention_dropout, "init_method_std": args.init_method_std,
+            "params_dtype": str(args.params_dtype).replace("torch.", ""),
+            "tokenizer_type": args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_file and args.merge_file
+                                                      else "NullTokenizer"),
+            "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file)}
+    tmp = os.path.join(step_dir, f"{MODEL_FILE}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(info, f, indent=1)
+    os.replace(tmp, os.path.join(step_dir, MODEL_FILE))
+
+
+def optimizer_param_names(engine):
+    """The module name of every optimizer parameter, group by group: saved with the optimizer so
+    that its state (indexed by position) can be put back at another layout. None when the
+    optimizer holds copies instead of the module's parameters (fp16 / bf16 / ZeRO)."""
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    groups = [[names.get(id(p)) for p in group["params"]] for group in engine.optimizer.param_groups]
+    return None if any(n is None for group in groups for n in group) else groups
+
+
+def table_key(name, shape, pipeline):
+    """(layer, key) in the parameter table for a parameter name of GPTModelPipe (pipeline=True)
+    or GPTModel. The pipe's tied "embed" module is the embedding, layer 0, on every stage."""
+    L = shape.num_layers
+    if pipeline:
+        patterns = ((r"tied_modules\.embed\.(.+)", lambda m: 0), (r"(\d+)\.(.+)", lambda m: int(m.group(1))))
+    else:
+        patterns = ((r"language_model\.embedding\.(.+)", lambda m: 0),
+                    (r"language_model\.encoder\.layers\.(\d+)\.(.+)", lambda m: int(m.group(1)) + 1),
+                    (r"language_model\.encoder\.final_layernorm\.(.+)", lambda m: L + 1))
+    for pattern, layer in patterns:
+        match = re.fullmatch(pattern, name)
+        if match:
+            return layer(match), match.groups()[-1]
+    raise ConfigError(f"parameter {name} has no place in the parameter table (megatron/model/analytic.py)")
+
+
+def tp_cut(full, spec, tp, tp_rank):
+    """TP rank `tp_rank`'s slice of a full tensor. Fused QKV rows are grouped per head
+    [q_i, k_i, v_i], so contiguous row blocks are whole heads, as ColumnParallelLinear holds them."""
+    if spec.partition_dim is None:
+        return full
+    return full.chunk(tp, dim=spec.partition_dim)[tp_rank]
+
+
+def shape_from_layout(layout, where, seq_length=None):
+    """The ModelShape a checkpoint was saved with; a layout key this code does not know (a newer
+    trainer's architecture variant) is an error naming it."""
+    fields = ModelShape.__dataclass_fields__
+    unknown = sorted(set(layout) - set(fields) - set(PARALLEL_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: layout keys {', '.join(f'{k}={layout[k]}' for k in unknown)} are unknown to "
+                          f"this version of the code; read it with the trainer version that wrote it")
+    kwargs = {k: v for k, v in layout.items() if k in fields and k != "vocab_size"}
+    # the saved (padded) vocab as the vocab: padding it again at its own TP size changes nothing
+    kwargs.update(vocab_size=layout["padded_vocab_size"], make_vocab_size_divisible_by=1,
+                  seq_length=seq_length or layout["max_position_embeddings"])
+    return ModelShape(**kwargs)
+
+
+def _load(path):
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: checkpoint shard is missing; the checkpoint is incomplete")
+    try:
+        # our own client state holds numpy RNG states: not loadable with weights_only
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # truncated / corrupt file: one line, not a pickle traceback
+        raise ConfigError(f"{path}: checkpoint shard is unreadable ({type(e).__name__}); "
+                          f"the checkpoint is incomplete or corrupt") from None
+
+
+class Checkpoint:
+    """One saved iteration of DIR (the tracker's, or `iteration`)."""
+
+    def __init__(self, load_dir, iteration=None, flag="--load"):
+        self.load_dir = load_dir
+        where = f"{flag} {load_dir}"
+        if not os.path.isdir(load_dir):
+            raise ConfigError(f"{where}: no such directory")
+        if iteration is None:
+            tracker = os.path.join(load_dir, TRACKER)
+            if not os.path.isfile(tracker):
+                raise ConfigError(f"{where}: not a checkpoint directory of this trainer ({tracker} is missing)")
+            with open(tracker) as f:
+                text = f.read().strip()
+            if not text.isdigit():
+                raise ConfigError(f"{where}: {tracker} holds '{text}', not an iteration number")
+            iteration = int(text)
+        self.iteration = iteration
+        self.step_dir = os.path.join(load_dir, f"global_step{iteration}")
+        if not os.path.isdir(self.step_dir):
+            saved = sorted(int(m.group(1)) for m in map(re.compile(r"global_step(\d+)$").match, os.listdir(load_dir))
+                           if m)
+            raise ConfigError(f"{where}: {self.step_dir} does not exist (saved iterations: "
+                              f"{', '.join(map(str, saved)) or 'none'})")
+        layout_path = os.path.join(self.step_dir, LAYOUT_FILE)
+        if not os.path.isfile(layout_path):
+            raise ConfigError(f"{where}: {layout_path} is missing; the checkpoint was not written by this trainer")
+        with open(layout_path) as f:
+            self.layout = json.load(f)
+        model_path = os.path.join(self.step_dir, MODEL_FILE)
+        self.model_info = {}
+        if os.path.isfile(model_path):
+            with open(model_path) as f:
+                self.model_info = json.load(f)
+        self.tp = self.layout["tensor_model_parallel_size"]
+        self.pp = self.layout["pipeline_model_parallel_size"]
+        self.pipeline = self.layout["ds_pipeline_enabled"]
+        self.shape = shape_from_layout(self.layout, layout_path, self.model_info.get("seq_length"))
+        self.specs = {(s.layer, s.key): s for s in parameter_table(self.shape)}
+
+    def describe(self):
+        engine = "" if self.pipeline else ", no pipeline engine"
+        return f"TP={self.tp} x PP={self.pp}{engine}"
+
+    # --- file names ---------------------------------------------------------------------------
+    def _layer_file(self, layer, tp_rank):
+        return os.path.join(self.step_dir, f"layer_{layer:02d}-model_{tp_rank:02d}-model_states.pt")
+
+    def _mp_file(self, stage, tp_rank):
+        return os.path.join(self.step_dir, f"mp_rank_{stage * self.tp + tp_rank:02d}_model_states.pt")
+
+    def shard_files(self, layers=None):
+        layers = self._layers(layers)
+        files = [self._mp_file(s, t) for s in sorted({stage_of_layer(self.shape, l) for l in layers})
+                 for t in range(self.tp)]
+        if self.pipeline:
+            files += [self._layer_file(l, t) for l in sorted(layers) for t in range(self.tp)]
+        return files
+
+    def check_readable(self, layers=None):
+        """Every shard exists and its zip directory (at the end of the file) reads: a missing or
+        truncated shard fails here, before anything is built, naming the file."""
+        for path in self.shard_files(layers):
+            if not os.path.isfile(path):
+                raise ConfigError(f"{path}: checkpoint shard is missing; the checkpoint is incomplete")
+            try:
+                zipfile.ZipFile(path).close()
+            except (zipfile.BadZipFile, OSError) as e:
+                raise ConfigError(f"{path}: checkpoint shard is unreadable ({type(e).__name__}); "
+                                  f"the checkpoint is incomplete or corrupt") from None
+
+    def _layers(self, layers):
+        return {s.layer for s in self.specs.values()} if layers is None else set(layers)
+
+    # --- reading ------------------------------------------------------------------------------
+    def client_state(self):
+        """mp_rank_00's client state (iteration, consumed samples, LR schedule, ...), without
+        the optimizer and module."""
+        state = _load(self._mp_file(0, 0))
+        return {k: v for k, v in state.items() if k not in ("optimizer", "module")}
+
+    def _local_weights(self, layer, tp_rank, mp_states):
+        """{key: tensor} of one layer on one TP rank."""
+        if self.pipeline:
+            path = self._layer_file(layer, tp_rank)
+            return path, _load(path)
+        path = self._mp_file(0, tp_rank)
+        if path not in mp_states:
+            module = _load(path).get("module")
+            if module is None:
+                raise ConfigError(f"{path}: holds no module weights")
+            mp_states[path] = {}
+            for name, tensor in module.items():
+                mp_states[path].setdefault(table_key(name, self.shape, False), tensor)
+        weights = {key: t for (l, key), t in mp_states[path].items() if l == layer}
+        return path, weights
+
+    def read_weights(self, layers=None):
+        """{(layer, key): full tensor} for every table parameter of `layers` (all by default)."""
+        full, mp_states = {}, {}
+        for layer in sorted(self._layers(layers)):
+            specs = {key: spec for (l, key), spec in self.specs.items() if l == layer}
+            parts = {}
+            for tp_rank in range(self.tp):
+                path, weights = self._local_weights(layer, tp_rank, mp_states)
+                unknown = sorted(set(weights) - set(specs))
+                if unknown:
+                    raise ConfigError(f"{path}: parameters {', '.join(unknown)} of layer {layer} are not in the "
+                                      f"parameter table of the saved shape")
+                for key, spec in specs.items():
+                    if key not in weights:
+                        raise ConfigError(f"{path}: parameter {key} of layer {layer} is missing")
+                    parts.setdefault(key, []).append(weights[key])
+            for key, spec in specs.items():
+                full[(layer, key)] = self._merge(parts[key], spec, f"layer {layer} {key}")
+        return full
+
+    def _merge(self, parts, spec, what):
+        tensor = parts[0] if spec.partition_dim is None else torch.cat(parts, dim=spec.partition_dim)
+        if tuple(tensor.shape) != tuple(spec.shape):
+            raise ConfigError(f"{self.step_dir}: {what} merges to {tuple(tensor.shape)}, the saved shape says "
+                              f"{tuple(spec.shape)}")
+        return tensor
+
+    def _plain_optimizer(self, path):
+        """(optimizer state dict, parameter names) of one mp_rank file, or a one-line error."""
+        state = _load(path)
+        optimizer, names = state.get("optimizer"), state.get("optimizer_param_names")
+        if not isinstance(optimizer, dict) or "state" not in optimizer:
+            raise ConfigError(f"{path}: holds no plain optimizer state (saved with fp16 / bf16 / ZeRO or "
+                              f"--no-save-optim); resume at the saved layout {self.describe()} or pass --no-load-optim")
+        if names is None:
+            raise ConfigError(f"{path}: the optimizer's parameter names were not saved (a checkpoint from before "
+                              f"layout changes were supported); resume at the saved layout {self.describe()} or "
+                              f"pass --no-load-optim")
+        return optimizer, names
+
+    def check_optimizer(self):
+        """The optimizer state can be resharded (checked on one file, before anything is built)."""
+        self._plain_optimizer(self._mp_file(0, 0))
+
+    def read_optimizer(self, layers=None):
+        """{(layer, key): {state name: full tensor, or the scalar step}} of the optimizer, from the
+        stage that owns each parameter (TP rank 0 for TP-replicated ones, which every TP rank
+        updates identically), and the saved param-group hyperparameters."""
+        layers = self._layers(layers)
+        stages = sorted({stage_of_layer(self.shape, l) for l in layers})
+        parts, groups = {}, None
+        for stage in stages:
+            for tp_rank in range(self.tp):
+                path = self._mp_file(stage, tp_rank)
+                optimizer, names = self._plain_optimizer(path)
+                groups = groups or [{k: v for k, v in g.items() if k != "params"} for g in optimizer["param_groups"]]
+                flat = [n for group in names for n in group]
+                for index, name in enumerate(flat):
+                    layer, key = table_key(name, self.shape, self.pipeline)
+                    spec = self.specs[(layer, key)]
+                    if layer not in layers or stage != stage_of_layer(self.shape, layer):
+                        continue  # another stage's copy (the tied embedding on the last stage)
+                    if spec.partition_dim is None and tp_rank != 0:
+                        continue
+                    parts.setdefault((layer, key), []).append(optimizer["state"].get(index, {}))
+        full = {}
+        for (layer, key), states in parts.items():
+            spec = self.specs[(layer, key)]
+            merged = {}
+            for name, value in states[0].items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    merged[name] = self._merge([s[name] for s in states], spec, f"optimizer {name} of {layer} {key}")
+                else:
+                    merged[name] = value
+            full[(layer, key)] = merged
+        return full, groups

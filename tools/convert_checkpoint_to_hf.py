@@ -1,0 +1,198 @@
+"""Convert a checkpoint of any TP x PP layout to a Hugging Face `transformers` model directory:
+config.json + model.safetensors + tokenizer files, loadable with
+AutoModelForCausalLM.from_pretrained(HF_DIR) and AutoTokenizer.from_pretrained(HF_DIR).
+
+    python tools/convert_checkpoint_to_hf.py --load DIR --output HF_DIR [--iteration N]
+
+The TP slices and pipeline stages are merged by megatron/checkpoint_reshard.py (the same reader
+that resumes a checkpoint at another layout). Each architecture is one entry of ARCHITECTURES:
+`matches(checkpoint)` says whether it applies, `build(checkpoint, weights)` returns the
+`transformers` class name, its config kwargs and its state dict. A checkpoint none of them
+matches, or with a parameter an architecture does not map, fails naming what does not map.
+Needs the `hf` extra: pip install -e ".[hf]".
+"""
+import argparse
+import json
+import os
+
+from megatron.model.shape import ConfigError
+
+# the layout keys of the plain GPT-2 block (learned positions, LayerNorm, GeLU MLP, fused QKV
+# with biases, tied output layer); any other key is an architecture variant GPT-2 cannot express
+GPT2_LAYOUT_KEYS = {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
+                    "max_position_embeddings", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                    "ds_pipeline_enabled"}
+
+
+def _unmapped(checkpoint, known):
+    return {k: v for k, v in checkpoint.layout.items() if k not in known}
+
+
+def _gpt2_matches(checkpoint):
+    return not _unmapped(checkpoint, GPT2_LAYOUT_KEYS)
+
+
+def _gpt2_build(checkpoint, weights):
+    """GPT2LMHeadModel. Our fused QKV rows are grouped per head [q_i, k_i, v_i] (transformer.py);
+    HF's c_attn is a Conv1D (weight [in, out]) whose output columns are [q | k | v]. Our Linear
+    weights are [out, in]: every projection is transposed. GeLU is the exact erf form ("gelu"),
+    LayerNorms come before attention and MLP (pre-LN), as in GPT-2."""
+    shape, info = checkpoint.shape, checkpoint.model_info
+    L, h, heads = shape.num_layers, shape.hidden_size, shape.num_attention_heads
+    d = shape.head_dim
+    taken = set()
+
+    def w(layer, key):
+        taken.add((layer, key))
+        return weights[(layer, key)]
+
+    def qkv_columns(t):  # [3h(, h)] per-head interleaved -> [q | k | v]
+        return t.view(heads, 3, d, *t.shape[1:]).transpose(0, 1).reshape(3 * h, *t.shape[1:])
+
+    sd = {"transformer.wte.weight": w(0, "word_embeddings.weight"),
+          "transformer.wpe.weight": w(0, "position_embeddings.weight")}
+    for i in range(L):
+        layer, pre = i + 1, f"transformer.h.{i}."
+        for ours, theirs in (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
+            sd[pre + theirs + ".weight"] = w(layer, ours + ".weight")
+            sd[pre + theirs + ".bias"] = w(layer, ours + ".bias")
+        sd[pre + "attn.c_attn.weight"] = qkv_columns(w(layer, "self_attention.query_key_value.weight")).t()
+        sd[pre + "attn.c_attn.bias"] = qkv_columns(w(layer, "self_attention.query_key_value.bias"))
+        for ours, theirs in (("self_attention.dense", "attn.c_proj"), ("mlp.dense_h_to_4h", "mlp.c_fc"),
+                             ("mlp.dense_4h_to_h", "mlp.c_proj")):
+            sd[pre + theirs + ".weight"] = w(layer, ours + ".weight").t()
+            sd[pre + theirs + ".bias"] = w(layer, ours + ".bias")
+    sd["transformer.ln_f.weight"] = w(L + 1, "weight")
+    sd["transformer.ln_f.bias"] = w(L + 1, "bias")
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied: the output layer is the word embedding
+    _check_all_mapped(weights, taken, "GPT2LMHeadModel")
+    eod = info.get("eod_id")
+    config = dict(vocab_size=shape.padded_vocab_size, n_positions=shape.max_position_embeddings, n_embd=h,
+                  n_layer=L, n_head=heads, n_inner=shape.ffn_hidden_size, activation_function="gelu",
+                  layer_norm_epsilon=info.get("layernorm_epsilon", 1e-5),
+                  resid_pdrop=info.get("hidden_dropout", 0.1), embd_pdrop=info.get("hidden_dropout", 0.1),
+                  attn_pdrop=info.get("attention_dropout", 0.1), initializer_range=info.get("init_method_std", 0.02),
+                  bos_token_id=eod, eos_token_id=eod, tie_word_embeddings=True)
+    return "GPT2LMHeadModel", config, {k: v.contiguous() for k, v in sd.items()}
+
+
+def _check_all_mapped(weights, taken, architecture):
+    left = sorted(set(weights) - taken)
+    if left:
+        raise ConfigError(f"{architecture} has no place for parameters {', '.join(f'layer {l} {k}' for l, k in left)}")
+
+
+# (name, matches, build); a LLaMA-style variant adds ("LlamaForCausalLM", _llama_matches, _llama_build)
+ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build)]
+
+
+def to_hf(checkpoint, weights):
+    for _, matches, build in ARCHITECTURES:
+        if matches(checkpoint):
+            return build(checkpoint, weights)
+    unmapped = _unmapped(checkpoint, GPT2_LAYOUT_KEYS)
+    raise ConfigError(f"{checkpoint.step_dir}: no transformers architecture maps layout "
+                      f"{', '.join(f'{k}={v}' for k, v in unmapped.items())} (known: "
+                      f"{', '.join(name for name, _, _ in ARCHITECTURES)})")
+
+
+# --- tokenizer --------------------------------------------------------------------------------
+
+def _tokenizer_files(checkpoint, args):
+    """(vocab, merges) paths, or None with the reason printed."""
+    info = checkpoint.model_info
+    if info.get("tokenizer_type") == "NullTokenizer" and not args.vocab_file:
+        print("no tokenizer written: the model was trained with NullTokenizer (the data was token ids)")
+        return None
+    if not (args.vocab_file or info.get("vocab_file")):
+        print("no tokenizer written: the checkpoint records no tokenizer files; pass --vocab-file and --merge-file")
+        return None
+    files = []
+    for flag, given, saved in (("--vocab-file", args.vocab_file, info.get("vocab_file")),
+                               ("--merge-file", args.merge_file, info.get("merge_file"))):
+        path = given or saved
+        if not path or not os.path.isfile(path):
+            where = f"{path} (recorded in the checkpoint) does not exist" if path else "the checkpoint records none"
+            raise ConfigError(f"{flag}: {where}; pass the GPT-2 BPE file the model was trained with")
+        files.append(path)
+    return files
+
+
+def write_tokenizer(vocab_file, merge_file, output, model_max_length):
+    """GPT-2 byte-level BPE from vocab.json + merges.txt, as transformers 5 builds it; the plain
+    files go along for older readers."""
+    import shutil
+
+    from transformers import GPT2Tokenizer
+    with open(vocab_file, encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(merge_file, encoding="utf-8") as f:
+        merges = [tuple(line.split()) for line in f.read().split("\n") if line and not line.startswith("#version")]
+    tokenizer = GPT2Tokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length)
+    tokenizer.save_pretrained(output)
+    shutil.copyfile(vocab_file, os.path.join(output, "vocab.json"))
+    shutil.copyfile(merge_file, os.path.join(output, "merges.txt"))
+    return vocab.get("<|endoftext|>")
+
+
+# --- main -------------------------------------------------------------------------------------
+
+def convert(args):
+    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.model.analytic import analytic_parameter_counts
+
+    # bad input fails first, in a second, before transformers is imported
+    checkpoint = Checkpoint(args.load, args.iteration)
+    checkpoint.check_readable()
+    tokenizer_files = _tokenizer_files(checkpoint, args)
+    import torch
+    import transformers
+    weights = {k: v.float() for k, v in checkpoint.read_weights().items()}
+    if tokenizer_files:
+        with open(tokenizer_files[0], encoding="utf-8") as f:
+            checkpoint.model_info["eod_id"] = json.load(f).get("<|endoftext|>")
+    name, config_kwargs, state_dict = to_hf(checkpoint, weights)
+    config = getattr(transformers, name.replace("ForCausalLM", "Config").replace("LMHeadModel", "Config"))(
+        **config_kwargs)
+    with torch.device("meta"):
+        model = getattr(transformers, name)(config)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    model.tie_weights()
+    count = model.num_parameters()
+    expected = analytic_parameter_counts(checkpoint.shape).total
+    if count != expected:
+        raise ConfigError(f"{name} holds {count:,} parameters, the trainer's count for this shape is {expected:,}")
+    os.makedirs(args.output, exist_ok=True)
+    model.save_pretrained(args.output)
+    if tokenizer_files:
+        write_tokenizer(*tokenizer_files, args.output, checkpoint.shape.max_position_embeddings)
+    print(f"converted {checkpoint.step_dir} ({checkpoint.describe()}, iteration {checkpoint.iteration}) "
+          f"to {name} in {args.output}")
+    print(f"parameters: {count:,} (estimated model parameters: {count / 1e9})")
+    return count
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load", required=True, help="checkpoint directory (as passed to pretrain_gpt.py --save)")
+    parser.add_argument("--output", required=True, help="transformers model directory to write")
+    parser.add_argument("--iteration", type=int, default=None, help="iteration to convert (default: the latest)")
+    parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the run used)")
+    parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the run used)")
+    args = parser.parse_args(argv)
+    import importlib.util
+    for package in ("transformers", "safetensors"):
+        if importlib.util.find_spec(package) is None:
+            parser.exit(2, f"convert_checkpoint_to_hf.py: error: {package} is not installed: "
+                           f"pip install -e \".[hf]\"\n")
+    if os.path.abspath(args.output) == os.path.abspath(args.load):
+        parser.exit(2, "convert_checkpoint_to_hf.py: error: --output must differ from --load (the checkpoint is "
+                       "never written to)\n")
+    try:
+        convert(args)
+    except ConfigError as e:
+        parser.exit(2, f"convert_checkpoint_to_hf.py: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()
