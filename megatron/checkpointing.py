@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
+from megatron.model.shape import gpt2_variant
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LAYOUT = "megatron_layout.json"
@@ -31,7 +32,8 @@ def _tag(iteration):
 
 
 def _layout(args):
-    return {key: getattr(args, key) for key in LAYOUT_KEYS}
+    # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases)
+    return {**{key: getattr(args, key) for key in LAYOUT_KEYS}, **args.model_shape.variant()}
 
 
 def _write_atomic(path, text):
@@ -99,9 +101,11 @@ def check_layout(load_dir, iteration, args):
         raise ConfigError(f"--load {load_dir}: {path} is missing; the checkpoint was not written by this trainer")
     with open(path) as f:
         saved = json.load(f)
+    # a checkpoint written before architecture variants existed is a GPT-2
+    saved = {**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved}
     ours = _layout(args)
     if saved != ours:
-        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}" for k in LAYOUT_KEYS if saved.get(k) != ours[k])
+        differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}" for k in ours if saved.get(k) != ours[k])
         raise ConfigError(f"--load {load_dir}: checkpoint layout differs from this run ({differ}); "
                           f"launch with the saved layout")
 
