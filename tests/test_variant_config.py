@@ -63,7 +63,8 @@ def vars_of(shape):
     (["--normalization", "batchnorm"], 1, r"--normalization batchnorm: choose layernorm or rmsnorm"),
     (["--kv-channels", 15, "--position-embedding-type", "rotary"], 1, r"--kv-channels 15 is odd"),
     (["--swiglu", "--hidden-size", 16], 1, r"--swiglu: the default ffn size .* is 0; pass --ffn-hidden-size"),
-    (["--hidden-size", 66], 1, r"--hidden-size 66 is not divisible by --num-attention-heads 4: .* or give --kv-channels"),
+    (["--hidden-size", 66], 1,
+     r"--hidden-size 66 is not divisible by --num-attention-heads 4: .* or give --kv-channels"),
     (["--kv-channels", 0], 1, r"--kv-channels 0 must be a positive integer"),
 ])
 def test_bad_variant_flags_fail_with_one_line(extra, world_size, message):

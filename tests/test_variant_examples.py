@@ -23,7 +23,8 @@ def bloom_counts():
 
 
 @pytest.mark.parametrize("script, counts, architecture", [
-    ("pretrain_gpt_llama_cpu.sh", llama_counts, "rotary, swiglu ffn 320, rmsnorm, 8 query / 2 kv heads, untied, no bias"),
+    ("pretrain_gpt_llama_cpu.sh", llama_counts,
+     "rotary, swiglu ffn 320, rmsnorm, 8 query / 2 kv heads, untied, no bias"),
     ("pretrain_gpt_bloom_cpu.sh", bloom_counts, "alibi, gelu ffn 512, embed layernorm, layernorm, 8 heads, tied"),
 ])
 def test_variant_example_trains_and_prints_its_exact_count(script, counts, architecture, tmp_path):

@@ -30,10 +30,15 @@ def _built_counts(names):
     out = {}
     for name in names:
         shape = _layout_shape(name)
-        counts = compute_parameter_counts(GPTModelPipe(GPTConfig(shape), mpu.get_topology()), mpu)
+        pipe = GPTModelPipe(GPTConfig(shape), mpu.get_topology())
+        counts = compute_parameter_counts(pipe, mpu)
         numel = None
         if mpu.get_model_parallel_world_size() == 1:  # the whole model in one module
-            numel = sum(p.numel() for p in GPTModel(GPTConfig(shape)).parameters())
+            plain = list(GPTModel(GPTConfig(shape)).parameters())
+            numel = sum(p.numel() for p in plain)
+            # both wrappers build the same weights, layer by layer (untied output layer included)
+            pipe_params = list(pipe.parameters())
+            assert len(pipe_params) == len(plain) and all(map(torch.equal, pipe_params, plain)), name
         out[name] = (counts, numel)
     return out
 
