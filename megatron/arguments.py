@@ -4,7 +4,8 @@ import argparse
 import json
 import os
 
-from megatron.model.shape import ConfigError, ModelShape, require as _require  # noqa: F401 (re-exported)
+from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
+                                  require as _require)
 
 
 def parse_args(extra_args_provider=None, args_list=None):
@@ -31,7 +32,7 @@ def _add_network_size_args(parser):
     g.add_argument("--max-position-embeddings", type=int, default=None)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                    help="pad the vocab to a multiple of this x TP size")
-    g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
+    g.add_argument("--layernorm-epsilon", "--norm-epsilon", type=float, default=1e-5, help="LayerNorm and RMSNorm")
     g.add_argument("--attention-impl", choices=["sdpa", "math"], default="sdpa",
                    help="sdpa: torch.nn.functional.scaled_dot_product_attention; math: explicit matmuls")
     # Megatron's kernel-fusion switches: this code base runs unfused ops, so "no fusion" is
@@ -39,6 +40,33 @@ def _add_network_size_args(parser):
     for flag in ("--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
                  "--no-gradient-accumulation-fusion"):
         g.add_argument(flag, action="store_true", help="accepted; no fused kernels are used")
+    _add_architecture_variant_args(parser)
+
+
+def _add_architecture_variant_args(parser):
+    """Both forks' spellings (BigScience's and Microsoft's Megatron-DeepSpeed, a few of
+    Megatron-LM's); ModelShape.from_args resolves them, applies the defaults and validates."""
+    g = parser.add_argument_group("architecture variants")
+    g.add_argument("--position-embedding-type", default=None,
+                   choices=["absolute", "rotary", "alibi"] + list(POSITION_EMBEDDING_ALIASES),
+                   help="default absolute (a learned table); learned_absolute and rope are aliases")
+    g.add_argument("--use-rotary-position-embeddings", action="store_true", help="= --position-embedding-type rotary")
+    g.add_argument("--no-position-embedding", action="store_false", dest="add_position_embedding",
+                   help="no learned position table")
+    g.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=float, default=10000.0,
+                   dest="rope_theta")
+    g.add_argument("--glu-activation", default=None, choices=list(GLU_ACTIVATIONS),
+                   help="GLU MLP: dense_h_to_4h yields 2 x ffn outputs (ffn default stays 4h)")
+    g.add_argument("--swiglu", action="store_true", help="= --glu-activation swiglu, ffn default int(8h/3/64)*64")
+    g.add_argument("--normalization", default="layernorm", help="layernorm or rmsnorm")
+    g.add_argument("--embed-layernorm", action="store_true", help="a LayerNorm after the word embedding")
+    g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
+                   help="no bias in the QKV, dense and MLP linears")
+    g.add_argument("--num-key-value-heads", type=int, default=None, help="grouped-query attention; default: heads")
+    g.add_argument("--group-query-attention", action="store_true")
+    g.add_argument("--num-query-groups", type=int, default=None, help="with --group-query-attention; default 1")
+    g.add_argument("--kv-channels", type=int, default=None, help="head dim; default hidden size / heads")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
 
 
 def _add_regularization_args(parser):
@@ -204,6 +232,8 @@ def validate_args(args, world_size=None, cuda_available=None):
     args.model_shape = ModelShape.from_args(args)
     args.ffn_hidden_size = args.model_shape.ffn_hidden_size
     args.max_position_embeddings = args.model_shape.max_position_embeddings
+    args.num_key_value_heads = args.model_shape.num_key_value_heads
+    args.kv_channels = args.model_shape.kv_channels
     _require(not (args.no_pipeline_parallel and pp > 1),
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
     _require(args.optimizer in ("adam", "sgd"),

@@ -41,7 +41,8 @@ def write_model_info(step_dir, args):
         return os.path.abspath(p) if p else None
     info = {"vocab_size": args.model_shape.vocab_size, "seq_length": args.seq_length,
             "make_vocab_size_divisible_by": args.make_vocab_size_divisible_by,
-            "layernorm_epsilon": args.layernorm_epsilon, "hidden_dropout": args.hidden_dropout,
+            "layernorm_epsilon": args.layernorm_epsilon, "rope_theta": args.rope_theta,
+            "hidden_dropout": args.hidden_dropout,
             "attention_dropout": args.attention_dropout, "init_method_std": args.init_method_std,
             "params_dtype": str(args.params_dtype).replace("torch.", ""),
             "tokenizer_type": args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_file and args.merge_file

@@ -20,6 +20,7 @@ from megatron.arguments import ConfigError
 from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
 from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, write_model_info
 from megatron.training_state import saved_progress
+from megatron.model.shape import gpt2_variant
 
 # what must match for the saved tensors to fit the model being built
 LAYOUT_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
@@ -32,7 +33,8 @@ def _tag(iteration):
 
 
 def _layout(args):
-    return {key: getattr(args, key) for key in LAYOUT_KEYS}
+    # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases)
+    return {**{key: getattr(args, key) for key in LAYOUT_KEYS}, **args.model_shape.variant()}
 
 
 def _write_atomic(path, text):
@@ -101,6 +103,8 @@ def check_layout(load_dir, iteration, args):
         raise ConfigError(f"--load {load_dir}: {path} is missing; the checkpoint was not written by this trainer")
     with open(path) as f:
         saved = json.load(f)
+    # a checkpoint written before architecture variants existed is a GPT-2
+    saved = {**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved}
     ours = _layout(args)
     if saved != ours:  # another TP x PP layout is resharded on load; another shape fails here
         from megatron.resume_reshard import plan_reshard

@@ -33,11 +33,12 @@ def plan_reshard(load_dir, iteration, saved, ours, args):
     where = f"--load {load_dir}"
     shape_keys = [k for k in dict.fromkeys(list(saved) + list(ours)) if k not in PARALLEL_KEYS]
     vocab = args.model_shape.vocab_size
-    if any(saved.get(k) != ours.get(k) for k in shape_keys) or vocab > saved["padded_vocab_size"]:
-        saved_shape = [f"{k}={saved.get(k)}" for k in shape_keys] + [f"padded_vocab_size={saved['padded_vocab_size']}"]
-        our_shape = [f"{k}={ours.get(k)}" for k in shape_keys] + [f"vocab_size={vocab}"]
-        raise ConfigError(f"{where}: the checkpoint's model shape differs from this run's (saved: "
-                          f"{', '.join(saved_shape)}; this run: {', '.join(our_shape)}); launch with the saved shape")
+    differ = [f"{k}: saved {saved.get(k)} vs now {ours.get(k)}" for k in shape_keys if saved.get(k) != ours.get(k)]
+    if vocab > saved["padded_vocab_size"]:
+        differ.append(f"vocab: saved padded to {saved['padded_vocab_size']} vs now {vocab} tokens")
+    if differ:
+        raise ConfigError(f"{where}: the checkpoint's model shape differs from this run's ({', '.join(differ)}); "
+                          f"launch with the saved shape")
     source = Checkpoint(load_dir, iteration)
     precision = [flag for flag, on in (("--fp16", args.fp16), ("--bf16", args.bf16),
                                        (f"--zero-stage {args.zero_stage}", args.zero_stage != 0)) if on]

@@ -24,28 +24,36 @@ from megatron.model.analytic import (COMPONENTS, ParameterCounts, StageCount, an
 
 def _component_of_parameters(model):
     """id(param) -> component, from the module that holds it."""
-    from megatron.model.language_model import Embedding
+    from megatron.model.language_model import Embedding, OutputLayer
     from megatron.model.layer_norm import LAYER_NORM_TYPES
     from megatron.model.transformer import ParallelAttention, ParallelMLP
     from megatron.mpu import VocabParallelEmbedding
 
     component = {}
+    embeddings = []
     for module in model.modules():
         if isinstance(module, ParallelAttention):
             name = "attention"
         elif isinstance(module, ParallelMLP):
             name = "mlp"
         elif isinstance(module, LAYER_NORM_TYPES):
-            name = "layernorm"
+            name = "layernorm"  # LayerNorm or RMSNorm
         elif isinstance(module, VocabParallelEmbedding):
             name = "word_embeddings"
+        elif isinstance(module, OutputLayer):
+            name = "output_layer"
         elif isinstance(module, Embedding):
-            component[id(module.position_embeddings.weight)] = "position_embeddings"
+            embeddings.append(module)
             continue
         else:
             continue
         for p in module.parameters():
             component[id(p)] = name
+    for module in embeddings:  # its own norm and table, after the generic LayerNorm rule above
+        for name in ("position_embeddings", "embedding_layernorm"):
+            if getattr(module, name) is not None:
+                for p in getattr(module, name).parameters():
+                    component[id(p)] = name
     return component
 
 
@@ -142,11 +150,13 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
         f"estimated model parameters without embeddings: {counts.no_embedding / 1e9}",
         f"model parameters (exact): {counts.total:,} total, {counts.no_embedding:,} without "
         f"embeddings (TP={tp} PP={pp}{dp}, padded vocab {shape.padded_vocab_size})",
+        f"architecture: {shape.describe()}",
         "  stage | layers | params per TP rank 0 | owned params (all TP ranks)",
     ]
     lines += [f"  {stage:5d} | {s.layers:6d} | {s.held:20,} | {s.owned:,}" for stage, s in enumerate(counts.stages)]
     lines.append("  component           | params")
-    lines += [f"  {name:19s} | {counts.components[name]:,}" for name in COMPONENTS]
+    # the components this variant has (a rotary model has no position table, a tied one no output layer)
+    lines += [f"  {name:19s} | {counts.components[name]:,}" for name in COMPONENTS if counts.components[name]]
     lines.append(f"FLOPs per sample (model, fwd+bwd{', recompute' if checkpoint_activations else ''}): "
                  f"{flops_per_sample(shape, checkpoint_activations):,}")
     return lines

@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 from distributed import run_distributed
+from hf_export import convert, our_logits
 from launcher import ROOT, launch
 
 ITERS = 6
-CONVERTER = os.path.join(ROOT, "tools", "convert_checkpoint_to_hf.py")
 
 
 def args_for(corpus, tp=1, pp=1):
@@ -157,25 +157,6 @@ def test_merged_tensors_are_the_saved_slices(original):
                 assert torch.equal(shard, tensor.narrow(spec.partition_dim, tp_rank * n, n))
 
 
-def _our_logits(load_dir, tokens):
-    """Our GPTModel (TP=1, no pipeline) with the checkpoint's merged weights."""
-    from megatron.checkpoint_reshard import Checkpoint, table_key
-    from megatron.model.config import GPTConfig
-    from megatron.model.gpt_model import GPTModel
-    checkpoint = Checkpoint(load_dir)
-    model = GPTModel(GPTConfig(checkpoint.shape, hidden_dropout=0.0, attention_dropout=0.0)).eval()
-    full = checkpoint.read_weights()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(full[table_key(name, checkpoint.shape, False)])
-        return model(tokens).transpose(0, 1).contiguous()  # [b, s, V]
-
-
-def convert(*argv):
-    return subprocess.run([sys.executable, CONVERTER, *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT), check=False)
-
-
 def test_convert_tp2_pp2_to_transformers(original):
     pytest.importorskip("transformers")  # the `hf` extra (installed by the `test` extra)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -193,7 +174,7 @@ def test_convert_tp2_pp2_to_transformers(original):
     assert type(model).__name__ == "GPT2LMHeadModel" and model.num_parameters() == count
     assert model.config.vocab_size == 10000 and model.config.layer_norm_epsilon == 1e-5
     tokens = torch.randint(0, 8192, (2, 32), generator=torch.Generator().manual_seed(0))
-    [ours] = run_distributed(1, _our_logits, original["ckpt"], tokens)
+    [ours] = run_distributed(1, our_logits, original["ckpt"], tokens)
     with torch.no_grad():
         theirs = model(tokens).logits
     assert theirs.shape == ours.shape == (2, 32, 10000)

@@ -15,21 +15,21 @@ import argparse
 import json
 import os
 
-from megatron.model.shape import ConfigError
+from megatron.model.shape import ConfigError, gpt2_variant
 
-# the layout keys of the plain GPT-2 block (learned positions, LayerNorm, GeLU MLP, fused QKV
-# with biases, tied output layer); any other key is an architecture variant GPT-2 cannot express
-GPT2_LAYOUT_KEYS = {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
-                    "max_position_embeddings", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                    "ds_pipeline_enabled"}
+def _variant_differences(checkpoint, expected):
+    """{field: saved value} where the checkpoint's architecture variant differs from `expected`."""
+    saved = checkpoint.shape.variant()
+    return {k: v for k, v in saved.items() if expected.get(k) != v}
 
 
-def _unmapped(checkpoint, known):
-    return {k: v for k, v in checkpoint.layout.items() if k not in known}
+def _gpt2_variant(checkpoint):
+    return gpt2_variant(checkpoint.shape.num_attention_heads, checkpoint.shape.hidden_size)
 
 
 def _gpt2_matches(checkpoint):
-    return not _unmapped(checkpoint, GPT2_LAYOUT_KEYS)
+    """The plain GPT-2 block: learned positions, LayerNorm, GeLU MLP, fused QKV with biases, tied."""
+    return not _variant_differences(checkpoint, _gpt2_variant(checkpoint))
 
 
 def _gpt2_build(checkpoint, weights):
@@ -82,18 +82,75 @@ def _check_all_mapped(weights, taken, architecture):
         raise ConfigError(f"{architecture} has no place for parameters {', '.join(f'layer {l} {k}' for l, k in left)}")
 
 
-# (name, matches, build); a LLaMA-style variant adds ("LlamaForCausalLM", _llama_matches, _llama_build)
-ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build)]
+def _llama_matches(checkpoint):
+    """LLaMA's block: rotary positions, RMSNorm, SwiGLU MLP, no embedding LayerNorm; any number
+    of kv heads and any head dim; tied or untied; with or without linear biases."""
+    shape = checkpoint.shape
+    return (shape.position_embedding_type == "rotary" and shape.normalization == "rmsnorm"
+            and shape.glu_activation == "swiglu" and not shape.embed_layernorm)
+
+
+def _llama_build(checkpoint, weights):
+    """LlamaForCausalLM. Our fused QKV has one row block per kv group: its a/g query heads, then
+    its key head, then its value head (HF repeats kv head j for query heads j*a/g .. (j+1)*a/g-1,
+    the same grouping). Our GLU rows alternate gate / value (row 2j, 2j+1): HF's gate_proj and
+    up_proj. Rotary is the "rotate half" form over the full head dim, as HF's."""
+    shape, info = checkpoint.shape, checkpoint.model_info
+    L, a, g, d = shape.num_layers, shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
+    bias = shape.add_bias_linear
+    taken = set()
+
+    def w(layer, key):
+        taken.add((layer, key))
+        return weights[(layer, key)]
+
+    def split_qkv(t):  # [(a + 2g) d (, h)] -> q [a d], k [g d], v [g d]
+        groups = t.view(g, a // g + 2, d, *t.shape[1:])
+        rest = t.shape[1:]
+        return (groups[:, :a // g].reshape(a * d, *rest), groups[:, a // g].reshape(g * d, *rest),
+                groups[:, a // g + 1].reshape(g * d, *rest))
+
+    sd = {"model.embed_tokens.weight": w(0, "word_embeddings.weight")}
+    for i in range(L):
+        layer, pre = i + 1, f"model.layers.{i}."
+        sd[pre + "input_layernorm.weight"] = w(layer, "input_layernorm.weight")
+        sd[pre + "post_attention_layernorm.weight"] = w(layer, "post_attention_layernorm.weight")
+        for suffix in ("weight", "bias") if bias else ("weight",):
+            q, k, v = split_qkv(w(layer, f"self_attention.query_key_value.{suffix}"))
+            sd.update({pre + f"self_attn.q_proj.{suffix}": q, pre + f"self_attn.k_proj.{suffix}": k,
+                       pre + f"self_attn.v_proj.{suffix}": v,
+                       pre + f"self_attn.o_proj.{suffix}": w(layer, f"self_attention.dense.{suffix}")})
+            h_to_4h = w(layer, f"mlp.dense_h_to_4h.{suffix}")
+            sd.update({pre + f"mlp.gate_proj.{suffix}": h_to_4h[0::2], pre + f"mlp.up_proj.{suffix}": h_to_4h[1::2],
+                       pre + f"mlp.down_proj.{suffix}": w(layer, f"mlp.dense_4h_to_h.{suffix}")})
+    sd["model.norm.weight"] = w(L + 1, "weight")
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"] if shape.tied else w(L + 2, "weight")
+    _check_all_mapped(weights, taken, "LlamaForCausalLM")
+    eod = info.get("eod_id")
+    config = dict(vocab_size=shape.padded_vocab_size, hidden_size=shape.hidden_size,
+                  intermediate_size=shape.ffn_hidden_size, num_hidden_layers=L, num_attention_heads=a,
+                  num_key_value_heads=g, head_dim=d, hidden_act="silu",
+                  max_position_embeddings=shape.max_position_embeddings,
+                  rms_norm_eps=info.get("layernorm_epsilon", 1e-5),
+                  rope_parameters={"rope_type": "default", "rope_theta": info.get("rope_theta", 10000.0)},
+                  attention_bias=bias, mlp_bias=bias, tie_word_embeddings=shape.tied,
+                  attention_dropout=info.get("attention_dropout", 0.0),
+                  initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
+    return "LlamaForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
+
+
+# (name, matches, build): the first that matches converts
+ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build), ("LlamaForCausalLM", _llama_matches, _llama_build)]
 
 
 def to_hf(checkpoint, weights):
     for _, matches, build in ARCHITECTURES:
         if matches(checkpoint):
             return build(checkpoint, weights)
-    unmapped = _unmapped(checkpoint, GPT2_LAYOUT_KEYS)
-    raise ConfigError(f"{checkpoint.step_dir}: no transformers architecture maps layout "
-                      f"{', '.join(f'{k}={v}' for k, v in unmapped.items())} (known: "
-                      f"{', '.join(name for name, _, _ in ARCHITECTURES)})")
+    unmapped = _variant_differences(checkpoint, _gpt2_variant(checkpoint))
+    raise ConfigError(f"{checkpoint.step_dir}: no transformers architecture maps the variant "
+                      f"{checkpoint.shape.describe()} ({', '.join(f'{k}={v}' for k, v in unmapped.items())}; "
+                      f"known: {', '.join(name for name, _, _ in ARCHITECTURES)})")
 
 
 # --- tokenizer --------------------------------------------------------------------------------

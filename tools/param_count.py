@@ -6,8 +6,9 @@
 
 The flags, their defaults and the shape's validation are the trainer's own (megatron/arguments.py,
 megatron/model/shape.py); the numbers come from the same analytic functions the trainer's
-startup cross-check uses and are printed by the same report. No torch, no GPU; unknown flags are
-ignored, so a launch script's whole flag list can be pasted in."""
+startup cross-check uses and are printed by the same report, which names the architecture variant
+(--swiglu, --num-key-value-heads, --use-rotary-position-embeddings, ... as the trainer takes them).
+No torch, no GPU; unknown flags are ignored, so a launch script's whole flag list can be pasted in."""
 import argparse
 import json
 import os

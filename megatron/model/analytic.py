@@ -9,15 +9,18 @@ from dataclasses import dataclass
 from math import prod
 from typing import NamedTuple
 
-COMPONENTS = ("word_embeddings", "position_embeddings", "attention", "mlp", "layernorm")
-# Kaplan et al.: "excluding all vocabulary and positional embeddings"
-EMBEDDING_COMPONENTS = ("word_embeddings", "position_embeddings")
+COMPONENTS = ("word_embeddings", "position_embeddings", "embedding_layernorm", "attention", "mlp", "layernorm",
+              "output_layer")
+# Kaplan et al.: "excluding all vocabulary and positional embeddings" -- the untied output layer is
+# the vocabulary projection, so tied and untied variants of one model share one N; norms stay in N
+EMBEDDING_COMPONENTS = ("word_embeddings", "position_embeddings", "output_layer")
 
 
 class ParamSpec(NamedTuple):
     """One parameter tensor. `layer` is its index in GPTModelPipe's layer list (0: embedding,
-    1..L: transformer layers, L+1: final LayerNorm, L+2: the tied output copy of the embedding),
-    `key` its name inside that layer; `partition_dim` is the TP split (None: replicated)."""
+    1..L: transformer layers, L+1: final norm, L+2: the output layer -- the tied copy of the
+    embedding, or the untied output weight), `key` its name inside that layer; `partition_dim`
+    is the TP split (None: replicated)."""
     layer: int
     key: str
     component: str
@@ -28,43 +31,67 @@ class ParamSpec(NamedTuple):
         return prod(self.shape) // (1 if self.partition_dim is None else tp)
 
 
-def _embedding_specs(shape, layer):
+def _embedding_specs(shape, layer, first_stage=True):
+    """The embedding module. The embedding LayerNorm exists on the first stage only: the last
+    stage's tied copy serves as the output layer and never runs it."""
     h = shape.hidden_size
-    return [ParamSpec(layer, "word_embeddings.weight", "word_embeddings", (shape.padded_vocab_size, h), 0),
-            ParamSpec(layer, "position_embeddings.weight", "position_embeddings", (shape.max_position_embeddings, h))]
+    specs = [ParamSpec(layer, "word_embeddings.weight", "word_embeddings", (shape.padded_vocab_size, h), 0)]
+    if shape.position_embedding_type == "absolute":
+        specs.append(ParamSpec(layer, "position_embeddings.weight", "position_embeddings",
+                               (shape.max_position_embeddings, h)))
+    if shape.embed_layernorm and first_stage:
+        specs += _norm_specs(layer, "embedding_layernorm.", h, "layernorm", "embedding_layernorm")
+    return specs
 
 
-def _layernorm_specs(layer, prefix, h):
-    return [ParamSpec(layer, f"{prefix}weight", "layernorm", (h,)),
-            ParamSpec(layer, f"{prefix}bias", "layernorm", (h,))]
+def _norm_specs(layer, prefix, h, normalization, component="layernorm"):
+    """LayerNorm: weight and bias; RMSNorm: weight only."""
+    specs = [ParamSpec(layer, f"{prefix}weight", component, (h,))]
+    if normalization == "layernorm":
+        specs.append(ParamSpec(layer, f"{prefix}bias", component, (h,)))
+    return specs
+
+
+def _linear_specs(shape, layer, name, component, out_features, in_features, partition_dim):
+    """A column- (partition_dim 0) or row-parallel (1) linear; the row-parallel bias is replicated."""
+    specs = [ParamSpec(layer, f"{name}.weight", component, (out_features, in_features), partition_dim)]
+    if shape.add_bias_linear:
+        specs.append(ParamSpec(layer, f"{name}.bias", component, (out_features,), 0 if partition_dim == 0 else None))
+    return specs
 
 
 def _transformer_layer_specs(shape, layer):
-    h, f = shape.hidden_size, shape.ffn_hidden_size
-    return (_layernorm_specs(layer, "input_layernorm.", h) + [
-        ParamSpec(layer, "self_attention.query_key_value.weight", "attention", (3 * h, h), 0),
-        ParamSpec(layer, "self_attention.query_key_value.bias", "attention", (3 * h,), 0),
-        ParamSpec(layer, "self_attention.dense.weight", "attention", (h, h), 1),
-        ParamSpec(layer, "self_attention.dense.bias", "attention", (h,)),
-    ] + _layernorm_specs(layer, "post_attention_layernorm.", h) + [
-        ParamSpec(layer, "mlp.dense_h_to_4h.weight", "mlp", (f, h), 0),
-        ParamSpec(layer, "mlp.dense_h_to_4h.bias", "mlp", (f,), 0),
-        ParamSpec(layer, "mlp.dense_4h_to_h.weight", "mlp", (h, f), 1),
-        ParamSpec(layer, "mlp.dense_4h_to_h.bias", "mlp", (h,)),
-    ])
+    h, f, norm = shape.hidden_size, shape.ffn_hidden_size, shape.normalization
+    a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
+    return (_norm_specs(layer, "input_layernorm.", h, norm)
+            # one row block per kv group: its query heads, then its key head and value head
+            + _linear_specs(shape, layer, "self_attention.query_key_value", "attention", (a + 2 * g) * d, h, 0)
+            + _linear_specs(shape, layer, "self_attention.dense", "attention", h, a * d, 1)
+            + _norm_specs(layer, "post_attention_layernorm.", h, norm)
+            # a GLU's dense_h_to_4h yields the gate and the value: 2f outputs
+            + _linear_specs(shape, layer, "mlp.dense_h_to_4h", "mlp", 2 * f if shape.glu else f, h, 0)
+            + _linear_specs(shape, layer, "mlp.dense_4h_to_h", "mlp", h, f, 1))
+
+
+def _output_layer_specs(shape, layer):
+    """The untied output layer: its own vocab-parallel weight on the last stage."""
+    return [ParamSpec(layer, "weight", "output_layer", (shape.padded_vocab_size, shape.hidden_size), 0)]
 
 
 def parameter_table(shape):
-    """Every parameter of the model once (the tied output layer is the word embedding)."""
+    """Every parameter of the model once (a tied output layer is the word embedding)."""
     specs = _embedding_specs(shape, 0)
     for i in range(shape.num_layers):
         specs += _transformer_layer_specs(shape, i + 1)
-    return specs + _layernorm_specs(shape.num_layers + 1, "", shape.hidden_size)
+    specs += _norm_specs(shape.num_layers + 1, "", shape.hidden_size, shape.normalization)
+    if not shape.tied:
+        specs += _output_layer_specs(shape, shape.num_layers + 2)
+    return specs
 
 
 def stage_of_layer(shape, layer):
     """Pipeline stage holding GPTModelPipe layer `layer` (the embedding on the first stage, the
-    final LayerNorm and output layer on the last)."""
+    final norm and output layer on the last)."""
     if layer == 0:
         return 0
     bound = 0
@@ -76,12 +103,12 @@ def stage_of_layer(shape, layer):
 
 
 def stage_parameters(shape, stage):
-    """[(spec, owned)] that each TP rank of `stage` holds. With PP > 1 the last stage holds a copy
-    of the whole embedding module for the tied output layer (DeepSpeed's TiedLayerSpec); the
-    first stage owns it."""
+    """[(spec, owned)] that each TP rank of `stage` holds. With PP > 1 and a tied output layer the
+    last stage holds a copy of the embedding module (DeepSpeed's TiedLayerSpec); the first stage
+    owns it. An untied output layer is the last stage's own: no copy."""
     held = [(spec, True) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage]
-    if shape.pipeline_model_parallel_size > 1 and stage == shape.pipeline_model_parallel_size - 1:
-        held += [(spec, False) for spec in _embedding_specs(shape, shape.num_layers + 2)]
+    if shape.tied and shape.pipeline_model_parallel_size > 1 and stage == shape.pipeline_model_parallel_size - 1:
+        held += [(spec, False) for spec in _embedding_specs(shape, shape.num_layers + 2, first_stage=False)]
     return held
 
 
@@ -123,15 +150,21 @@ def analytic_parameter_counts(shape):
 
 def flops_per_sample(shape, checkpoint_activations):
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
-    generalised to any FFN size. Per layer, forward: QKV 6sh^2, attention scores and context
-    2 x 2s^2h, output projection 2sh^2, MLP 4shf. Backward costs twice the forward; activation
-    recomputation adds one more forward (factor 4 instead of 3). The logit layer 2shV is never
-    recomputed (factor 3). Elementwise work (LayerNorm, GeLU, softmax, biases) is ignored and
-    causal attention is counted as dense, as the kernels compute it."""
+    generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
+    layer, forward: QKV 2sh(ad + 2gd), attention scores and context 2 x 2s^2 ad, output
+    projection 2s ad h, MLP 4shf (6shf with a GLU: dense_h_to_4h yields 2f). Backward costs twice
+    the forward; activation recomputation adds one more forward (factor 4 instead of 3). The
+    logit layer 2shV, tied or not, is never recomputed (factor 3). Elementwise work (norms,
+    activations, softmax, biases, rotary, ALiBi) is ignored and causal attention is counted as
+    dense, as the kernels compute it."""
     s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
-    layer_forward = 8 * s * h * h + 4 * s * s * h + 4 * s * h * f
+    a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
+    qkv = 2 * s * h * (a * d + 2 * g * d)
+    attention = 4 * s * s * a * d
+    projection = 2 * s * a * d * h
+    mlp = (6 if shape.glu else 4) * s * h * f
     factor = 4 if checkpoint_activations else 3
-    return factor * shape.num_layers * layer_forward + 3 * 2 * s * h * shape.padded_vocab_size
+    return factor * shape.num_layers * (qkv + attention + projection + mlp) + 3 * 2 * s * h * shape.padded_vocab_size
 
 
 def gigaflos_no_embeds(samples, seq_length, parameters_no_embedding):

@@ -21,6 +21,7 @@ class GPTConfig:
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1
     attention_impl: str = "sdpa"  # "math" spells attention out as matmuls (FLOP-countable)
+    rope_theta: float = 10000.0   # rotary base (--rotary-position-embeddings-theta)
 
     @classmethod
     def from_args(cls, args):
@@ -28,7 +29,8 @@ class GPTConfig:
                    attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
                    checkpoint_activations=args.checkpoint_activations,
-                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl)
+                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl,
+                   rope_theta=args.rope_theta)
 
     def init_method(self):
         std = self.init_method_std

@@ -2,8 +2,9 @@
 PipelineModule (GPTModelPipe, for --deepspeed at any PP, 1 included).
 
 Both build layer i after seeding the RNG with `seed + i` (DeepSpeed's `seed_layers`), with the
-same layer order (0: embedding, 1..L: transformer layers, L+1: final LayerNorm), so every
-TP x PP layout and both wrappers start from the same full weights.
+same layer order (0: embedding, 1..L: transformer layers, L+1: final norm, L+2: output layer),
+so every TP x PP layout and both wrappers start from the same full weights. The output layer is
+the word embedding (tied, GPT-2) or, with --untie-embeddings-and-output-weights, its own weight.
 """
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
@@ -11,8 +12,8 @@ from deepspeed.runtime.utils import set_random_seed
 from torch import nn
 
 from megatron import mpu
-from .language_model import Embedding, lm_loss, parallel_lm_logits
-from .layer_norm import LayerNorm
+from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
+from .layer_norm import norm_class
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe
 
 
@@ -22,13 +23,17 @@ class TransformerLanguageModel(nn.Module):
         set_random_seed(seed)
         self.embedding = Embedding(config)
         self.encoder = ParallelTransformer(config, layer_seed_fn=lambda i: set_random_seed(seed + 1 + i))
+        self.output_layer = None
+        if not config.shape.tied:
+            set_random_seed(seed + config.shape.num_layers + 2)  # GPTModelPipe's layer L+2
+            self.output_layer = OutputLayer(config)
 
     def forward(self, input_ids):
         return self.encoder(self.embedding(input_ids))
 
 
 class GPTModel(nn.Module):
-    """The whole model in one module; the output layer is the word embedding (one tensor)."""
+    """The whole model in one module; a tied output layer is the word embedding (one tensor)."""
 
     def __init__(self, config, seed=1234):
         super().__init__()
@@ -37,8 +42,13 @@ class GPTModel(nn.Module):
     def word_embeddings_weight(self):
         return self.language_model.embedding.word_embeddings_weight
 
+    def output_weight(self):
+        if self.language_model.output_layer is not None:
+            return self.language_model.output_layer.weight
+        return self.word_embeddings_weight()
+
     def forward(self, tokens, labels=None, loss_mask=None):
-        logits = parallel_lm_logits(self.language_model(tokens), self.word_embeddings_weight())
+        logits = parallel_lm_logits(self.language_model(tokens), self.output_weight())
         if labels is None:
             return logits  # [s, b, V/tp]
         return lm_loss(logits, labels, loss_mask)
@@ -64,15 +74,23 @@ def _seed_layer(seed):
 
 class GPTModelPipe(PipelineModule):
     """Pipeline inputs: tokens [b, s]; labels: (labels [b, s], loss_mask [b, s]). Attention is
-    causal and positions are implicit, so only hidden states [s, b, h] cross stage boundaries."""
+    causal and positions are implicit, so only hidden states [s, b, h] cross stage boundaries.
+    Untied, the output layer is a plain layer of the last stage: no TiedLayerSpec, no tied-gradient
+    all-reduce between the first and last stage."""
 
     def __init__(self, config, topology, seed=1234):
-        specs = [TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings_weight")]
-        specs += [LayerSpec(ParallelTransformerLayerPipe, config, layer_number=i + 1)
-                  for i in range(config.shape.num_layers)]
-        specs.append(LayerSpec(LayerNorm, config.shape.hidden_size, eps=config.layernorm_epsilon))
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
-                                   tied_weight_attr="word_embeddings_weight"))
+        shape = config.shape
+        if shape.tied:
+            specs = [TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings_weight")]
+        else:
+            specs = [LayerSpec(EmbeddingPipe, config)]
+        specs += [LayerSpec(ParallelTransformerLayerPipe, config, layer_number=i + 1) for i in range(shape.num_layers)]
+        specs.append(LayerSpec(norm_class(shape.normalization), shape.hidden_size, eps=config.layernorm_epsilon))
+        if shape.tied:
+            specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
+                                       tied_weight_attr="word_embeddings_weight"))
+        else:
+            specs.append(LayerSpec(OutputLayer, config))
         super().__init__(layers=specs, loss_fn=_pipe_loss, topology=topology,
                          seed_layers=True, base_seed=seed, seed_fn=_seed_layer,
                          partition_method="type:transformer")

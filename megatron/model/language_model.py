@@ -1,10 +1,12 @@
-"""Input embedding (word + learned position) and the output logits that reuse the word
-embedding's weight."""
+"""Input embedding (word, then an optional LayerNorm, plus learned positions when the shape has
+them), the untied output layer, and the output logits."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
+from megatron.mpu.layers import _sliced_parameter
+from .layer_norm import LayerNorm
 
 
 class Embedding(nn.Module):
@@ -13,10 +15,18 @@ class Embedding(nn.Module):
         shape = config.shape
         self.word_embeddings = mpu.VocabParallelEmbedding(shape.padded_vocab_size, shape.hidden_size,
                                                           config.init_method(), config.params_dtype)
-        # replicated on every TP rank; initialised on CPU like the TP layers so layouts agree
-        weight = torch.empty(shape.max_position_embeddings, shape.hidden_size, dtype=torch.float32)
-        config.init_method()(weight)
-        self.position_embeddings = nn.Embedding.from_pretrained(weight.to(config.params_dtype), freeze=False)
+        if shape.position_embedding_type == "absolute":
+            # replicated on every TP rank; initialised on CPU like the TP layers so layouts agree
+            weight = torch.empty(shape.max_position_embeddings, shape.hidden_size, dtype=torch.float32)
+            config.init_method()(weight)
+            self.position_embeddings = nn.Embedding.from_pretrained(weight.to(config.params_dtype), freeze=False)
+        else:  # rotary / ALiBi act inside attention; no table
+            self.position_embeddings = None
+        # BigScience's --embed-layernorm, on the first stage only: the last stage's tied copy of
+        # this module is the output layer and never runs it
+        self.embedding_layernorm = None
+        if shape.embed_layernorm and mpu.get_pipeline_model_parallel_rank() == 0:
+            self.embedding_layernorm = LayerNorm(shape.hidden_size, eps=config.layernorm_epsilon)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
 
     @property
@@ -25,9 +35,26 @@ class Embedding(nn.Module):
 
     def forward(self, input_ids):
         # input_ids: [b, s] -> [s, b, h]
-        position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
-        embeddings = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        embeddings = self.word_embeddings(input_ids)  # [b, s, h]
+        if self.embedding_layernorm is not None:
+            embeddings = self.embedding_layernorm(embeddings)
+        if self.position_embeddings is not None:
+            embeddings = embeddings + self.position_embeddings(torch.arange(input_ids.size(1), device=input_ids.device))
         return self.embedding_dropout(embeddings.transpose(0, 1).contiguous())
+
+
+class OutputLayer(nn.Module):
+    """The untied output layer (--untie-embeddings-and-output-weights): its own weight [V, h],
+    split along the vocabulary like the word embedding."""
+
+    def __init__(self, config):
+        super().__init__()
+        shape = config.shape
+        self.weight = _sliced_parameter((shape.padded_vocab_size, shape.hidden_size), 0, config.init_method(),
+                                        config.params_dtype)
+
+    def forward(self, hidden_states):
+        return parallel_lm_logits(hidden_states, self.weight)
 
 
 def parallel_lm_logits(hidden_states, word_embeddings_weight):

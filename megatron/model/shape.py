@@ -1,5 +1,6 @@
-"""The model's shape: the one owner of its defaults (ffn size, position table, padded vocab) and
-of the rules that make a shape buildable at a TP x PP layout. Torch-free: the trainer's
+"""The model's shape: the one owner of its defaults (ffn size, kv heads, head dim, position table,
+padded vocab), of its architecture variant, and of the rules that make a shape buildable at a
+TP x PP layout. Torch-free: the trainer's
 arguments, the model, the parameter count, the FLOPs formula and tools/param_count.py all read
 a ModelShape, so no default or divisibility rule is written twice."""
 from dataclasses import dataclass
@@ -32,6 +33,20 @@ def _flag(field):
     return "--" + field.replace("_", "-")
 
 
+POSITION_EMBEDDING_TYPES = ("absolute", "rotary", "alibi", "none")
+# Megatron-LM's spellings of the same choices
+POSITION_EMBEDDING_ALIASES = {"learned_absolute": "absolute", "rope": "rotary"}
+GLU_ACTIVATIONS = ("geglu", "liglu", "reglu", "swiglu")
+NORMALIZATIONS = ("layernorm", "rmsnorm")
+
+
+def swiglu_ffn_hidden_size(hidden_size):
+    """Microsoft Megatron-DeepSpeed's --swiglu default, int((4 h * 2 / 3) / 64) * 64: two thirds
+    of 4h (the GLU has a third matrix), rounded down to a multiple of 64. Integer arithmetic
+    gives the same floor: 8h/3 is never within rounding error of a multiple of 64 unless it is one."""
+    return (8 * hidden_size) // (3 * 64) * 64
+
+
 @dataclass(frozen=True)
 class ModelShape:
     num_layers: int
@@ -39,24 +54,62 @@ class ModelShape:
     num_attention_heads: int
     seq_length: int
     vocab_size: int = None               # the tokenizer's, unpadded; None until it is known
-    ffn_hidden_size: int = None          # default 4 x hidden size
-    max_position_embeddings: int = None  # default seq length
+    ffn_hidden_size: int = None          # default 4 x hidden size (--swiglu: swiglu_ffn_hidden_size)
+    max_position_embeddings: int = None  # default seq length; bounds the sequence with any positions
     make_vocab_size_divisible_by: int = 128
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    # architecture variants (GPT-2 when left at their defaults)
+    position_embedding_type: str = "absolute"  # absolute (learned table), rotary, alibi, none
+    glu_activation: str = None                 # None: GeLU MLP; else dense_h_to_4h has 2 x ffn outputs
+    swiglu: bool = False                       # --swiglu: glu_activation swiglu, and its ffn default
+    normalization: str = "layernorm"           # or rmsnorm (weight only)
+    embed_layernorm: bool = False              # a LayerNorm after the word embedding (first stage)
+    add_bias_linear: bool = True               # False: no bias in QKV, dense, and the MLP linears
+    num_key_value_heads: int = None            # default num_attention_heads (MHA); 1: MQA
+    kv_channels: int = None                    # head dim; default hidden size / heads
+    untie_embeddings_and_output_weights: bool = False
 
     def __post_init__(self):
         for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
             require(getattr(self, field) is not None, f"{_flag(field)} is required")
+            require(getattr(self, field) > 0, f"{_flag(field)} {getattr(self, field)} must be a positive integer")
+        position = POSITION_EMBEDDING_ALIASES.get(self.position_embedding_type, self.position_embedding_type)
+        require(position in POSITION_EMBEDDING_TYPES,
+                f"--position-embedding-type {self.position_embedding_type}: choose absolute, rotary or alibi")
+        object.__setattr__(self, "position_embedding_type", position)
+        if self.swiglu:
+            require(self.glu_activation in (None, "swiglu"),
+                    f"--swiglu contradicts --glu-activation {self.glu_activation}: drop one of them")
+            object.__setattr__(self, "glu_activation", "swiglu")
+        require(self.glu_activation in (None,) + GLU_ACTIVATIONS,
+                f"--glu-activation {self.glu_activation}: choose one of {', '.join(GLU_ACTIVATIONS)}")
+        normalization = str(self.normalization).lower()  # Megatron-LM spells it RMSNorm / LayerNorm
+        require(normalization in NORMALIZATIONS, f"--normalization {self.normalization}: choose layernorm or rmsnorm")
+        object.__setattr__(self, "normalization", normalization)
         if self.ffn_hidden_size is None:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+            if self.swiglu:
+                ffn = swiglu_ffn_hidden_size(self.hidden_size)
+                require(ffn > 0, f"--swiglu: the default ffn size int(8 x --hidden-size {self.hidden_size} / 3 / 64) "
+                                 f"x 64 is 0; pass --ffn-hidden-size")
+            else:
+                ffn = 4 * self.hidden_size
+            object.__setattr__(self, "ffn_hidden_size", ffn)
         if self.max_position_embeddings is None:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.kv_channels is None:
+            require(self.hidden_size % self.num_attention_heads == 0,
+                    f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
+                    f"{self.num_attention_heads}: choose heads that divide the hidden size, or give --kv-channels")
+            object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
         self._validate()
 
     def _validate(self):
         for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "ffn_hidden_size",
-                      "max_position_embeddings", "make_vocab_size_divisible_by"):
+                      "max_position_embeddings", "make_vocab_size_divisible_by", "num_key_value_heads",
+                      "kv_channels"):
             value = getattr(self, field)
             require(value > 0, f"{_flag(field)} {value} must be a positive integer")
         require(self.vocab_size is None or self.vocab_size > 0, f"--vocab-size {self.vocab_size} must be positive")
@@ -65,9 +118,14 @@ class ModelShape:
         require(self.num_attention_heads % tp == 0,
                 f"--num-attention-heads {self.num_attention_heads} is not divisible by "
                 f"--tensor-model-parallel-size {tp}: use a TP size that divides the head count")
-        require(self.hidden_size % self.num_attention_heads == 0,
-                f"--hidden-size {self.hidden_size} is not divisible by --num-attention-heads "
-                f"{self.num_attention_heads}: choose heads that divide the hidden size")
+        a, g = self.num_attention_heads, self.num_key_value_heads
+        require(a % g == 0, f"--num-key-value-heads {g} does not divide --num-attention-heads {a}: "
+                            f"every key/value head serves the same number of query heads")
+        # kv heads are split over TP like the query heads: each rank holds whole groups
+        require(g % tp == 0, f"--num-key-value-heads {g} is not divisible by --tensor-model-parallel-size {tp}: "
+                             f"use a TP size that divides the key/value head count (multi-query attention needs TP=1)")
+        require(self.position_embedding_type != "rotary" or self.kv_channels % 2 == 0,
+                f"--kv-channels {self.kv_channels} is odd: rotary embeddings rotate pairs of channels")
         require(self.ffn_hidden_size % tp == 0,
                 f"--ffn-hidden-size {self.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
         require(self.num_layers >= pp,
@@ -79,13 +137,19 @@ class ModelShape:
 
     @classmethod
     def from_args(cls, args, vocab_size=None):
+        """Megatron flags (both forks' spellings, see arguments.py) -> a shape."""
         return cls(num_layers=args.num_layers, hidden_size=args.hidden_size,
                    num_attention_heads=args.num_attention_heads, seq_length=args.seq_length,
                    vocab_size=vocab_size, ffn_hidden_size=args.ffn_hidden_size,
                    max_position_embeddings=args.max_position_embeddings,
                    make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
                    tensor_model_parallel_size=args.tensor_model_parallel_size,
-                   pipeline_model_parallel_size=args.pipeline_model_parallel_size)
+                   pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                   position_embedding_type=_position_embedding_type(args),
+                   glu_activation=args.glu_activation, swiglu=args.swiglu, normalization=args.normalization,
+                   embed_layernorm=args.embed_layernorm, add_bias_linear=args.add_bias_linear,
+                   num_key_value_heads=_num_key_value_heads(args), kv_channels=args.kv_channels,
+                   untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
 
     @property
     def padded_vocab_size(self):
@@ -94,7 +158,75 @@ class ModelShape:
 
     @property
     def head_dim(self):
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels
+
+    @property
+    def glu(self):
+        return self.glu_activation is not None
+
+    @property
+    def tied(self):
+        return not self.untie_embeddings_and_output_weights
 
     def layers_per_stage(self):
         return partition_layers(self.num_layers, self.pipeline_model_parallel_size)
+
+    def variant(self):
+        """What, besides the sizes, decides which tensors the model has (checkpoint layouts)."""
+        return {field: getattr(self, field) for field in VARIANT_FIELDS}
+
+    def describe(self):
+        """One line naming the variant, e.g. "rotary, swiglu ffn 320, rmsnorm, 8 query / 2 kv heads,
+        untied, no bias"."""
+        positions = {"absolute": "learned positions", "none": "no positions"}.get(self.position_embedding_type,
+                                                                                  self.position_embedding_type)
+        a, g = self.num_attention_heads, self.num_key_value_heads
+        heads = f"{a} heads" if g == a else f"{a} query / {g} kv heads"
+        if self.kv_channels * a != self.hidden_size:
+            heads += f" of dim {self.kv_channels}"
+        parts = [positions, f"{self.glu_activation or 'gelu'} ffn {self.ffn_hidden_size}"]
+        parts += ["embed layernorm"] if self.embed_layernorm else []
+        parts += [self.normalization, heads, "tied" if self.tied else "untied"]
+        parts += [] if self.add_bias_linear else ["no bias"]
+        return ", ".join(parts)
+
+
+VARIANT_FIELDS = ("position_embedding_type", "glu_activation", "normalization", "embed_layernorm",
+                  "add_bias_linear", "num_key_value_heads", "kv_channels", "untie_embeddings_and_output_weights")
+
+
+def gpt2_variant(num_attention_heads, hidden_size):
+    """The variant of a GPT-2 shape (what a checkpoint written before variants existed holds)."""
+    return ModelShape(num_layers=1, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+                      seq_length=1).variant()
+
+
+def _position_embedding_type(args):
+    """BigScience's --position-embedding-type, or the Microsoft fork's
+    --use-rotary-position-embeddings / --no-position-embedding (which drops the learned table)."""
+    explicit = args.position_embedding_type
+    if explicit is not None:
+        explicit = POSITION_EMBEDDING_ALIASES.get(explicit, explicit)
+    if args.use_rotary_position_embeddings:
+        require(explicit in (None, "rotary"), f"--use-rotary-position-embeddings contradicts "
+                                              f"--position-embedding-type {args.position_embedding_type}; drop one")
+        return "rotary"
+    if not args.add_position_embedding:
+        require(explicit != "absolute", "--no-position-embedding contradicts --position-embedding-type "
+                                        f"{args.position_embedding_type}; drop one")
+        return explicit or "none"
+    return explicit or "absolute"
+
+
+def _num_key_value_heads(args):
+    """--num-key-value-heads N (Microsoft's fork), or --group-query-attention --num-query-groups N
+    (Megatron-LM's; N defaults to 1 there, i.e. multi-query attention)."""
+    groups = None
+    if args.group_query_attention:
+        groups = 1 if args.num_query_groups is None else args.num_query_groups
+    else:
+        require(args.num_query_groups is None, "--num-query-groups needs --group-query-attention")
+    if args.num_key_value_heads is not None and groups is not None:
+        require(args.num_key_value_heads == groups,
+                f"--num-key-value-heads {args.num_key_value_heads} contradicts --num-query-groups {groups}; drop one")
+    return args.num_key_value_heads if args.num_key_value_heads is not None else groups

@@ -1,5 +1,6 @@
-"""GPT transformer block, Megatron layout: pre-LayerNorm, fused column-parallel QKV,
-row-parallel output projections, GeLU MLP. Activations are [s, b, h] (sequence first)."""
+"""GPT transformer block, Megatron layout: pre-norm (LayerNorm or RMSNorm), fused column-parallel
+QKV (multi-head, grouped- or multi-query), row-parallel output projections, GeLU or GLU MLP,
+learned / rotary / ALiBi / no positions. Activations are [s, b, h] (sequence first)."""
 import math
 
 import torch
@@ -8,63 +9,118 @@ from torch import nn
 
 from megatron import mpu
 from megatron.mpu.layers import divide
-from .layer_norm import LayerNorm
+from .layer_norm import norm_class
+from .positional_embeddings import alibi_causal_bias, alibi_slopes, apply_rotary, rotary_tables
+
+
+GLU_ACTIVATION_FUNCTIONS = {"geglu": F.gelu, "liglu": lambda x: x, "reglu": F.relu, "swiglu": F.silu}
 
 
 class ParallelMLP(nn.Module):
+    """GeLU MLP, or a GLU: act(gate) * value. A GLU's dense_h_to_4h has 2f output rows laid out
+    as pairs (row 2j: gate unit j, row 2j+1: its value unit), so the TP chunk of a rank holds the
+    matching gates and values and TP=n computes the function of TP=1 from its slices."""
+
     def __init__(self, config):
         super().__init__()
-        h, f = config.shape.hidden_size, config.shape.ffn_hidden_size
-        self.dense_h_to_4h = mpu.ColumnParallelLinear(h, f, config.init_method(), params_dtype=config.params_dtype)
-        self.dense_4h_to_h = mpu.RowParallelLinear(f, h, config.output_init_method(), params_dtype=config.params_dtype)
+        shape = config.shape
+        h, f, bias = shape.hidden_size, shape.ffn_hidden_size, shape.add_bias_linear
+        self.glu = GLU_ACTIVATION_FUNCTIONS[shape.glu_activation] if shape.glu else None
+        self.dense_h_to_4h = mpu.ColumnParallelLinear(h, 2 * f if self.glu else f, config.init_method(), bias=bias,
+                                                      params_dtype=config.params_dtype)
+        self.dense_4h_to_h = mpu.RowParallelLinear(f, h, config.output_init_method(), bias=bias,
+                                                   params_dtype=config.params_dtype)
 
     def forward(self, hidden_states):
-        # [s, b, h] -> [s, b, 4h/tp] -> [s, b, h]
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden_states)))
+        # [s, b, h] -> [s, b, f/tp] (a GLU: [s, b, 2f/tp] -> gate, value) -> [s, b, h]
+        intermediate = self.dense_h_to_4h(hidden_states)
+        if self.glu is None:
+            return self.dense_4h_to_h(F.gelu(intermediate))
+        gate, value = intermediate.unflatten(-1, (-1, 2)).unbind(-1)
+        return self.dense_4h_to_h(self.glu(gate) * value)
 
 
 class ParallelAttention(nn.Module):
-    """Causal self-attention; this TP rank computes heads [rank*np, (rank+1)*np)."""
+    """Causal self-attention with a query heads sharing g key/value heads (g = a: multi-head,
+    g = 1: multi-query). This TP rank computes query heads [rank*np, (rank+1)*np) and their
+    g/tp key/value heads. The fused QKV weight has one row block per kv group -- its a/g query
+    heads, then its key head, then its value head -- so a TP chunk holds whole groups."""
 
     def __init__(self, config):
         super().__init__()
+        shape = config.shape
         tp = mpu.get_tensor_model_parallel_world_size()
-        h = config.shape.hidden_size
-        self.num_heads = divide(config.shape.num_attention_heads, tp)  # local heads
-        self.head_dim = config.shape.head_dim
+        h, d = shape.hidden_size, shape.kv_channels
+        a, g = shape.num_attention_heads, shape.num_key_value_heads
+        self.num_heads = divide(a, tp)            # local query heads
+        self.num_kv_heads = divide(g, tp)         # local key/value heads
+        self.group_size = a // g                  # query heads per key/value head
+        self.head_dim = d
         self.dropout_p = config.attention_dropout
         self.attention_impl = config.attention_impl
-        # output rows grouped per head as [q_i, k_i, v_i], so a TP slice holds whole heads
-        self.query_key_value = mpu.ColumnParallelLinear(h, 3 * h, config.init_method(),
-                                                        params_dtype=config.params_dtype)
-        self.dense = mpu.RowParallelLinear(h, h, config.output_init_method(), params_dtype=config.params_dtype)
-        self._causal_mask = None  # built once per sequence length, reused every step
+        self.position_embedding_type = shape.position_embedding_type
+        self.rope_theta = config.rope_theta
+        self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
+                                                        bias=shape.add_bias_linear, params_dtype=config.params_dtype)
+        self.dense = mpu.RowParallelLinear(a * d, h, config.output_init_method(), bias=shape.add_bias_linear,
+                                           params_dtype=config.params_dtype)
+        if self.position_embedding_type == "alibi":
+            # the slopes of this rank's own heads
+            rank = mpu.get_tensor_model_parallel_rank()
+            slopes = alibi_slopes(a)[rank * self.num_heads:(rank + 1) * self.num_heads]
+            self.register_buffer("alibi_slopes", torch.tensor(slopes, dtype=torch.float32), persistent=False)
+        self._cache = {}  # (kind, s, device, dtype) -> causal mask / ALiBi bias / rotary tables
+
+    def _cached(self, kind, s, ref, build):
+        key = (kind, s, ref.device, ref.dtype)
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def _alibi_bias(self, s, q):
+        return self._cached("alibi", s, q, lambda: alibi_causal_bias(self.alibi_slopes, s, q.device, q.dtype))
 
     def _math_attention(self, q, k, v, dropout_p):
-        # q, k, v: [b, np, s, hn]; matmuls spelled out so FlopCounterMode sees them on CPU
+        # q [b, np, s, hn]; k, v [b, ng, s, hn]; matmuls spelled out so FlopCounterMode sees them on CPU
+        if self.group_size > 1:  # each key/value head serves the query heads of its group
+            k, v = (t.repeat_interleave(self.group_size, dim=1) for t in (k, v))
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [b, np, s, s]
         s = q.size(2)
-        if self._causal_mask is None or self._causal_mask.size(0) != s or self._causal_mask.device != q.device:
-            self._causal_mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu_(1)
-        scores = scores.masked_fill(self._causal_mask, float("-inf"))
+        if self.position_embedding_type == "alibi":
+            scores = scores + self._alibi_bias(s, scores)
+        else:
+            mask = self._cached("causal", s, q, lambda: torch.ones(s, s, dtype=torch.bool, device=q.device).triu_(1))
+            scores = scores.masked_fill(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         probs = F.dropout(probs, p=dropout_p)
         return torch.matmul(probs, v)
 
+    def _sdpa_attention(self, q, k, v, dropout_p):
+        gqa = self.group_size > 1
+        if self.position_embedding_type == "alibi":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self._alibi_bias(q.size(2), q),
+                                                  dropout_p=dropout_p, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+
     def forward(self, hidden_states):
         s, b, _ = hidden_states.shape
-        mixed = self.query_key_value(hidden_states)                   # [s, b, np*3*hn]
-        mixed = mixed.view(s, b, self.num_heads, 3 * self.head_dim)
-        q, k, v = mixed.permute(1, 2, 0, 3).split(self.head_dim, dim=-1)  # each [b, np, s, hn]
+        mixed = self.query_key_value(hidden_states)                      # [s, b, ng*(a/g+2)*hn]
+        mixed = mixed.view(s, b, self.num_kv_heads, self.group_size + 2, self.head_dim)
+        q = mixed[:, :, :, :self.group_size].reshape(s, b, self.num_heads, self.head_dim)
+        k, v = mixed[:, :, :, self.group_size], mixed[:, :, :, self.group_size + 1]  # [s, b, ng, hn]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))                # [b, heads, s, hn]
+        if self.position_embedding_type == "rotary":
+            cos, sin = self._cached("rotary", s, q, lambda: rotary_tables(s, self.head_dim, self.rope_theta, q.device))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
         with mpu.get_cuda_rng_tracker().fork():
             if self.attention_impl == "sdpa":
-                context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+                context = self._sdpa_attention(q, k, v, dropout_p)
             else:
                 context = self._math_attention(q, k, v, dropout_p)
         context = context.permute(2, 0, 1, 3).reshape(s, b, self.num_heads * self.head_dim)
-        return self.dense(context)                                   # [s, b, h]
+        return self.dense(context)                                      # [s, b, h]
 
 
 class ParallelTransformerLayer(nn.Module):
@@ -72,9 +128,10 @@ class ParallelTransformerLayer(nn.Module):
         super().__init__()
         self.layer_number = layer_number
         self.hidden_dropout = config.hidden_dropout
-        self.input_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
+        norm = norm_class(config.shape.normalization)
+        self.input_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
+        self.post_attention_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.mlp = ParallelMLP(config)
 
     def forward(self, hidden_states):
@@ -106,7 +163,8 @@ class ParallelTransformer(nn.Module):
         self.layers = nn.ModuleList(layers)
         if layer_seed_fn is not None:
             layer_seed_fn(config.shape.num_layers)
-        self.final_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
+        self.final_layernorm = norm_class(config.shape.normalization)(config.shape.hidden_size,
+                                                                      eps=config.layernorm_epsilon)
 
     def _run(self, start, end):
         def forward(hidden_states):

@@ -1,0 +1,162 @@
+"""Variant flags (both forks' spellings) map to one ModelShape; bad combinations fail with one
+line naming the flag; the counts and FLOPs follow from the parameter table; old checkpoints
+(written before variants existed) still load as GPT-2."""
+import dataclasses
+import json
+import subprocess
+import sys
+from math import prod
+
+import pytest
+
+from test_arguments import validated
+from variants import VARIANTS, shape_kwargs
+from megatron.arguments import ConfigError
+from megatron.model.analytic import analytic_parameter_counts, flops_per_sample, parameter_table
+from megatron.model.shape import ModelShape
+
+LLAMA_FLAGS = ["--use-rotary-position-embeddings", "--swiglu", "--normalization", "RMSNorm",
+               "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+
+
+def shape_of(*flags, world_size=1):
+    return validated([*flags, "--tensor-model-parallel-size", world_size], world_size=world_size).model_shape
+
+
+def test_both_forks_spellings_give_one_shape():
+    microsoft = shape_of(*LLAMA_FLAGS, "--num-attention-heads", 8)
+    assert microsoft == ModelShape(**{**shape_kwargs("llama"), "seq_length": 32, "vocab_size": None,
+                                      "num_layers": 4, "max_position_embeddings": 32})
+    assert microsoft.ffn_hidden_size == int((4 * 64 * 2 / 3) / 64) * 64 == 128  # the Microsoft fork's default
+    # BigScience's / Megatron-LM's spellings: --glu-activation keeps the 4h default, as BigScience's did
+    other = shape_of("--position-embedding-type", "rope", "--glu-activation", "swiglu", "--normalization", "rmsnorm",
+                     "--group-query-attention", "--num-query-groups", 2, "--num-attention-heads", 8,
+                     "--untie-embeddings-and-output-weights", "--disable-bias-linear")
+    assert other == ModelShape(**{**vars_of(microsoft), "swiglu": False, "ffn_hidden_size": 256})
+    assert shape_of("--position-embedding-type", "learned_absolute").position_embedding_type == "absolute"
+    assert shape_of("--no-position-embedding").position_embedding_type == "none"
+    assert shape_of("--use-rotary-position-embeddings", "--no-position-embedding").position_embedding_type == "rotary"
+    assert shape_of("--position-embedding-type", "alibi", "--no-position-embedding").position_embedding_type == "alibi"
+    assert shape_of("--group-query-attention").num_key_value_heads == 1  # Megatron-LM's default: one group
+    assert shape_of().num_key_value_heads == 4 and shape_of().kv_channels == 16
+    assert shape_of("--hidden-size", 66, "--kv-channels", 16).kv_channels == 16
+    for h in (4096, 5120, 8192, 100):
+        assert ModelShape(num_layers=1, hidden_size=h, num_attention_heads=4, seq_length=8,
+                          swiglu=True).ffn_hidden_size == int((4 * h * 2 / 3) / 64) * 64
+
+
+def vars_of(shape):
+    return {f: getattr(shape, f) for f in ModelShape.__dataclass_fields__}
+
+
+@pytest.mark.parametrize("extra, world_size, message", [
+    (["--num-key-value-heads", 3], 1, r"--num-key-value-heads 3 does not divide --num-attention-heads 4"),
+    (["--num-key-value-heads", 1, "--tensor-model-parallel-size", 2], 2,
+     r"--num-key-value-heads 1 is not divisible by --tensor-model-parallel-size 2: .*multi-query attention needs TP=1"),
+    (["--swiglu", "--glu-activation", "geglu"], 1, r"--swiglu contradicts --glu-activation geglu"),
+    (["--use-rotary-position-embeddings", "--position-embedding-type", "alibi"], 1,
+     r"--use-rotary-position-embeddings contradicts --position-embedding-type alibi"),
+    (["--no-position-embedding", "--position-embedding-type", "absolute"], 1,
+     r"--no-position-embedding contradicts --position-embedding-type absolute"),
+    (["--num-query-groups", 2], 1, r"--num-query-groups needs --group-query-attention"),
+    (["--num-key-value-heads", 2, "--group-query-attention", "--num-query-groups", 4], 1,
+     r"--num-key-value-heads 2 contradicts --num-query-groups 4"),
+    (["--normalization", "batchnorm"], 1, r"--normalization batchnorm: choose layernorm or rmsnorm"),
+    (["--kv-channels", 15, "--position-embedding-type", "rotary"], 1, r"--kv-channels 15 is odd"),
+    (["--swiglu", "--hidden-size", 16], 1, r"--swiglu: the default ffn size .* is 0; pass --ffn-hidden-size"),
+    (["--hidden-size", 66], 1,
+     r"--hidden-size 66 is not divisible by --num-attention-heads 4: .* or give --kv-channels"),
+    (["--kv-channels", 0], 1, r"--kv-channels 0 must be a positive integer"),
+])
+def test_bad_variant_flags_fail_with_one_line(extra, world_size, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        validated(extra, world_size)
+    assert "\n" not in str(info.value)
+
+
+def test_llama_count_by_hand():
+    """Per layer: two RMSNorm weights 2h, QKV (a + 2g) d h, dense h a d, SwiGLU 3 f h (no biases);
+    a final RMSNorm h; word embedding and untied output layer V h each."""
+    shape = ModelShape(**shape_kwargs("llama"))
+    L, h, a, g, d, f, V = 2, 64, 8, 2, 8, 128, 256
+    assert (shape.num_key_value_heads, shape.kv_channels, shape.ffn_hidden_size) == (g, d, f)
+    no_embedding = L * (2 * h + (a + 2 * g) * d * h + h * a * d + 3 * f * h) + h
+    counts = analytic_parameter_counts(shape)
+    assert counts.no_embedding == no_embedding == 69_952
+    assert counts.total == no_embedding + 2 * V * h
+    assert counts.components["output_layer"] == counts.components["word_embeddings"] == V * h
+    # tying changes the total, not N: the output layer is the vocabulary projection
+    tied = ModelShape(**shape_kwargs("llama", untie_embeddings_and_output_weights=False))
+    assert analytic_parameter_counts(tied).no_embedding == no_embedding
+    assert analytic_parameter_counts(tied).total == no_embedding + V * h
+
+
+def test_llama2_70b_count_matches_the_published_number():
+    """LLaMA-2-70B: 80 layers, h 8192, 64 query / 8 kv heads, ffn 28672, vocab 32000 (already a
+    multiple of 128): 68,976,648,192 parameters, the count of its released weights."""
+    out = subprocess.run([sys.executable, "tools/param_count.py", "--num-layers", "80", "--hidden-size", "8192",
+                          "--num-attention-heads", "64", "--num-key-value-heads", "8", "--ffn-hidden-size", "28672",
+                          "--seq-length", "4096", "--max-position-embeddings", "4096", "--vocab-size", "32000",
+                          "--swiglu", "--use-rotary-position-embeddings", "--normalization", "rmsnorm",
+                          "--untie-embeddings-and-output-weights", "--disable-bias-linear"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "parameters: 68,976,648,192\n" in out
+    assert "architecture: rotary, swiglu ffn 28672, rmsnorm, 64 query / 8 kv heads, untied, no bias\n" in out
+    assert "  output_layer        | 262,144,000\n" in out and "position_embeddings" not in out
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_flops_are_the_matmuls_of_the_parameter_table(name):
+    """Independently of the formula's terms: every linear weight W of a layer costs 2 s numel(W)
+    forward (a GLU's dense_h_to_4h has 2f rows), attention QK^T and PV 4 s^2 a d, logits 2 s h V."""
+    shape = ModelShape(**shape_kwargs(name, seq_length=48))
+    s = shape.seq_length
+    linear = sum(2 * s * prod(spec.shape) for spec in parameter_table(shape)
+                 if spec.component in ("attention", "mlp") and len(spec.shape) == 2)
+    forward = linear + shape.num_layers * 4 * s * s * shape.num_attention_heads * shape.kv_channels
+    logits = 2 * s * shape.hidden_size * shape.padded_vocab_size
+    assert flops_per_sample(shape, False) == 3 * forward + 3 * logits
+    assert flops_per_sample(shape, True) == 4 * forward + 3 * logits
+
+
+def test_describe_and_report_name_the_variant():
+    from megatron.utils import format_parameter_report
+    descriptions = {name: ModelShape(**shape_kwargs(name)).describe() for name in VARIANTS}
+    assert descriptions == {
+        "gpt2": "learned positions, gelu ffn 256, layernorm, 8 heads, tied",
+        "bloom": "alibi, gelu ffn 192, embed layernorm, layernorm, 6 heads, tied",
+        "llama": "rotary, swiglu ffn 128, rmsnorm, 8 query / 2 kv heads, untied, no bias",
+        "mqa": "rotary, gelu ffn 256, layernorm, 8 query / 1 kv heads, tied",
+        "kv_channels": "no positions, gelu ffn 256, layernorm, 8 query / 4 kv heads of dim 24, tied",
+        "geglu_ffn100": "learned positions, geglu ffn 100, layernorm, 8 heads, tied",
+        "reglu_embed_ln": "learned positions, reglu ffn 256, embed layernorm, rmsnorm, 8 heads, tied",
+        "liglu_untied": "learned positions, liglu ffn 256, layernorm, 8 heads, untied, no bias",
+    }
+    shape = ModelShape(**shape_kwargs("bloom"))
+    lines = format_parameter_report(analytic_parameter_counts(shape), shape)
+    assert "architecture: alibi, gelu ffn 192, embed layernorm, layernorm, 6 heads, tied" in lines
+    assert "  embedding_layernorm | 96" in lines  # weight and bias, h 48
+    assert not any("position_embeddings" in line or "output_layer" in line for line in lines)
+
+
+def with_vocab(args, vocab=600):
+    """As initialize_megatron completes the shape once the tokenizer is built (600 pads to 640)."""
+    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=vocab)
+    args.padded_vocab_size = args.model_shape.padded_vocab_size
+    return args
+
+
+def test_checkpoint_layout_names_the_variant_and_old_checkpoints_load_as_gpt2(tmp_path):
+    from megatron.checkpointing import LAYOUT, check_layout
+    gpt2 = with_vocab(validated())
+    old = {key: getattr(gpt2, key) for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                                "padded_vocab_size", "max_position_embeddings",
+                                                "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                "ds_pipeline_enabled")}
+    (tmp_path / "global_step3").mkdir()
+    (tmp_path / "global_step3" / LAYOUT).write_text(json.dumps(old))  # as written before variants existed
+    check_layout(str(tmp_path), 3, gpt2)
+    rotary = with_vocab(validated(["--use-rotary-position-embeddings"]))
+    with pytest.raises(ConfigError, match=r"the checkpoint's model shape differs from this run's "
+                                          r"\(position_embedding_type: saved absolute vs now rotary\)"):
+        check_layout(str(tmp_path), 3, rotary)

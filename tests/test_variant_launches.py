@@ -1,0 +1,128 @@
+"""Real `deepspeed --num_gpus N pretrain_gpt.py` runs of the architecture variants, the fewest
+that put every variant under TP=2 and under PP=2: a LLaMA-style (rotary, SwiGLU, RMSNorm, GQA,
+untied, no bias) and a BLOOM-style model (ALiBi with 6 heads, embedding LayerNorm, GeLU,
+--kv-channels != h/a) at TP=2 x PP=2, and MQA with a GLU of non-default ffn size at PP=2 (MQA
+needs TP=1). Each rank's cached count equals the analytic table, tools/param_count.py and the
+numel of the TP=1 PP=1 model; the LLaMA-style run also resumes exactly from its checkpoint,
+which a GPT-2 launch then refuses before building a model, and exports to LlamaForCausalLM."""
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distributed import run_distributed
+from hf_export import convert, our_logits
+from launcher import TINY, launch, losses
+from megatron.arguments import parse_args, validate_args
+from megatron.model.analytic import analytic_parameter_counts
+
+ITERS = 6
+VOCAB = 512  # a multiple of 128 x TP 2: every layout builds the same model
+LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
+         "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+BLOOM = ["--position-embedding-type", "alibi", "--embed-layernorm", "--num-attention-heads", 6, "--kv-channels", 24]
+MQA_GLU = ["--position-embedding-type", "rope", "--group-query-attention", "--glu-activation", "geglu",
+           "--ffn-hidden-size", 100]
+
+
+def flags_for(variant, tp, pp, *extra):
+    tiny = [str(VOCAB) if TINY[i - 1] == "--vocab-size" else a for i, a in enumerate(TINY)]
+    return tiny + variant + ["--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp,
+                             "--global-batch-size", 4, "--train-iters", ITERS, *extra]
+
+
+def shape_of(flags, world_size):
+    import dataclasses
+    args = validate_args(parse_args(args_list=[str(f) for f in flags]), world_size=world_size, cuda_available=False)
+    return dataclasses.replace(args.model_shape, vocab_size=VOCAB)
+
+
+def _tp1_pp1_numel(shape):
+    import dataclasses
+    from megatron.model.config import GPTConfig
+    from megatron.model.gpt_model import GPTModel
+    shape = dataclasses.replace(shape, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    return sum(p.numel() for p in GPTModel(GPTConfig(shape)).parameters())
+
+
+def check_counts(proc, ranks, flags, num_ranks):
+    shape = shape_of(flags, num_ranks)
+    expected = analytic_parameter_counts(shape)
+    [numel] = run_distributed(1, _tp1_pp1_numel, shape)
+    tool = subprocess.run([sys.executable, "tools/param_count.py", *map(str, flags)], capture_output=True, text=True,
+                          check=True).stdout
+    assert f"parameters: {numel:,}\n" in tool and f"parameters without embeddings: {expected.no_embedding:,}\n" in tool
+    assert expected.total == numel
+    assert sorted(ranks) == list(range(num_ranks))
+    for rank, r in ranks.items():
+        assert (r["parameters"], r["parameters_no_embedding"]) == (numel, expected.no_embedding), f"rank {rank}"
+        assert r["components"] == expected.components, f"rank {rank}"
+        assert [tuple(s) for s in r["stages"]] == [tuple(s) for s in expected.stages], f"rank {rank}"
+        assert r["count_calls"] == 1
+    out = proc.stdout
+    assert f"model parameters (exact): {numel:,} total, {expected.no_embedding:,} without embeddings" in out
+    assert f"architecture: {shape.describe()}\n" in out
+    assert "disagrees with the analytic formula" not in out
+    curve = losses(out)
+    assert sorted(curve) == list(range(1, ITERS + 1)) and curve[ITERS] < curve[1], curve
+    return shape
+
+
+def test_llama_tp2_pp2_counts_resumes_exactly_and_refuses_another_variant(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    flags = flags_for(LLAMA, 2, 2, "--save", ckpt, "--save-interval", 3)
+    proc, whole = launch(4, flags, str(tmp_path / "whole"))
+    shape = check_counts(proc, whole, flags, 4)
+    assert shape.describe() == "rotary, swiglu ffn 128, rmsnorm, 4 query / 2 kv heads, untied, no bias"
+    # as if the run had stopped after iteration 3: the pointers name the checkpoint of iteration 3
+    (ckpt / "latest").write_text("global_step3")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+    proc, resumed = launch(4, flags + ["--load", ckpt], str(tmp_path / "resumed"))
+    assert f"loaded checkpoint {ckpt}/global_step3/" in proc.stdout
+    last = resumed[3]["losses"]  # the last pipeline stage logs the loss
+    assert sorted(map(int, last)) == [4, 5, 6]
+    for it in (4, 5, 6):
+        assert last[str(it)] == pytest.approx(whole[3]["losses"][str(it)], rel=1e-6, abs=0), f"iteration {it}"
+    # the GPT-2 of the same sizes and layout: refused before any model is built, both variants named
+    proc, _ = launch(4, flags_for([], 2, 2, "--load", ckpt), str(tmp_path / "gpt2"), check=False)
+    assert proc.returncode != 0
+    message = re.search(r"pretrain_gpt.py: error: --load .*", proc.stdout).group(0)
+    for field, saved, now in (("position_embedding_type", "rotary", "absolute"), ("glu_activation", "swiglu", None),
+                              ("ffn_hidden_size", 128, 256), ("normalization", "rmsnorm", "layernorm"),
+                              ("num_key_value_heads", 2, 4), ("untie_embeddings_and_output_weights", True, False),
+                              ("add_bias_linear", False, True)):
+        assert f"{field}: saved {saved} vs now {now}" in message
+    assert "model parameters (exact)" not in proc.stdout
+
+    # exported to transformers as LlamaForCausalLM (GQA, untied): our logits, the trainer's count
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+    proc = convert("--load", ckpt, "--output", tmp_path / "hf")
+    assert proc.returncode == 0, proc.stderr
+    count = whole[0]["parameters"]
+    assert "to LlamaForCausalLM" in proc.stdout and f"parameters: {count:,} (" in proc.stdout
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(model).__name__ == "LlamaForCausalLM" and model.num_parameters() == count
+    assert (model.config.num_key_value_heads, model.config.tie_word_embeddings) == (2, False)
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+    [ours] = run_distributed(1, our_logits, str(ckpt), tokens)
+    with torch.no_grad():
+        theirs = model(tokens).logits
+    assert theirs.shape == ours.shape == (2, 32, VOCAB)
+    assert torch.allclose(theirs, ours, rtol=0, atol=1e-5), (theirs - ours).abs().max()
+
+
+def test_bloom_tp2_pp2_counts(tmp_path):
+    flags = flags_for(BLOOM, 2, 2)
+    proc, ranks = launch(4, flags, str(tmp_path))
+    shape = check_counts(proc, ranks, flags, 4)
+    assert shape.describe() == "alibi, gelu ffn 256, embed layernorm, layernorm, 6 heads of dim 24, tied"
+
+
+def test_mqa_glu_pp2_counts(tmp_path):
+    flags = flags_for(MQA_GLU, 1, 2)
+    proc, ranks = launch(2, flags, str(tmp_path))
+    shape = check_counts(proc, ranks, flags, 2)
+    assert shape.describe() == "rotary, geglu ffn 100, layernorm, 4 query / 1 kv heads, tied"

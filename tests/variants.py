@@ -1,0 +1,24 @@
+"""The matrix of architecture variants the variant tests run, as ModelShape fields on a tiny base
+(2 layers, hidden 64, 8 heads, seq 32, vocab 256: a multiple of 128 x TP 2, so every layout pads
+it alike and TP=2 holds exactly the TP=1 model)."""
+
+BASE = dict(num_layers=2, hidden_size=64, num_attention_heads=8, seq_length=32, vocab_size=256)
+
+VARIANTS = {
+    "gpt2": dict(),
+    # ALiBi, embedding LayerNorm, GeLU; 6 heads (not a power of 2: the slope formula's second branch)
+    "bloom": dict(position_embedding_type="alibi", embed_layernorm=True, hidden_size=48, num_attention_heads=6),
+    # rotary, SwiGLU with the Microsoft fork's ffn default (128 for h 64), RMSNorm, 8 query / 2 kv heads
+    "llama": dict(position_embedding_type="rotary", swiglu=True, normalization="rmsnorm", num_key_value_heads=2,
+                  untie_embeddings_and_output_weights=True, add_bias_linear=False),
+    "mqa": dict(position_embedding_type="rotary", num_key_value_heads=1),  # TP=1 only
+    "kv_channels": dict(kv_channels=24, num_key_value_heads=4, position_embedding_type="none"),
+    "geglu_ffn100": dict(glu_activation="geglu", ffn_hidden_size=100),
+    "reglu_embed_ln": dict(glu_activation="reglu", embed_layernorm=True, normalization="rmsnorm"),
+    "liglu_untied": dict(glu_activation="liglu", untie_embeddings_and_output_weights=True, add_bias_linear=False),
+}
+TP2_VARIANTS = [name for name, v in VARIANTS.items() if v.get("num_key_value_heads", 2) % 2 == 0]
+
+
+def shape_kwargs(name, **overrides):
+    return {**BASE, **VARIANTS[name], **overrides}
