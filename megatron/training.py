@@ -15,6 +15,7 @@ from megatron.checkpointing import check_load_layout, load_checkpoint, save_chec
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
+from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import evaluation_log, log_model_size, training_log
@@ -86,6 +87,7 @@ def setup_model_and_optimizer(model_provider, args):
         engine.enable_backward_allreduce = False             # DeepSpeedEngine.backward
         engine.pipeline_enable_backward_allreduce = False    # PipelineEngine's ReduceGrads
     lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
+    startup_report(engine, args)  # predicted memory per rank, MFU peak; arms the first iteration's measurement
     lr_scheduler.step(0)
     args.consumed_train_samples = args.consumed_valid_samples = 0
     args.gigaflos_no_embeds = 0.0
@@ -216,6 +218,7 @@ def train(step, evaluate_fn, engine, lr_scheduler, calculator, train_iter, valid
         interval["iterations"] += 1
         interval["samples"] += gbs
         interval["loss"] = interval["loss"] + loss  # a tensor: no host sync until we log
+        finish_memory_probe(args)  # once, after the first iteration: measured vs predicted memory
 
         calculator.update(args.consumed_train_samples)
         if calculator.get_current_global_batch_size() != gbs:

@@ -6,6 +6,7 @@ import math
 
 from megatron import print_rank_last
 from megatron.global_vars import get_tensorboard_writer
+from megatron.mfu import interval_mfu
 
 
 def log_model_size(args):
@@ -30,6 +31,7 @@ def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, arg
     grad_norm = engine.get_global_grad_norm()
     grad_norm = None if grad_norm is None else float(grad_norm)
     samples_per_second, tokens_per_second, tflops = throughput(interval["samples"], elapsed, args)
+    mfu = interval_mfu(interval["samples"], elapsed, args)  # None without a known peak
     dp = args.data_parallel_size
 
     writer = get_tensorboard_writer()
@@ -54,6 +56,8 @@ def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, arg
         writer.add_scalar("iteration-time/tokens per second", tokens_per_second, it)
         writer.add_scalar("iteration-time/tokens per second per replica", tokens_per_second / dp, it)
         writer.add_scalar("iteration-time/TFLOPs per gpu (estimated)", tflops, it)
+        if mfu is not None:
+            writer.add_scalar("iteration-time/MFU", mfu, it)
 
     line = (f" iteration {args.iteration:8d}/{args.total_iterations:8d} |"
             f" consumed samples: {args.consumed_train_samples:12d} |"
@@ -64,6 +68,8 @@ def training_log(interval, elapsed, lr_scheduler, engine, global_batch_size, arg
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
     line += f" samples per second: {samples_per_second:.3f} | TFLOPs: {tflops:.2f} |"
+    if mfu is not None:
+        line += f" MFU: {100 * mfu:.2f}% |"
     print_rank_last(line)
 
 
