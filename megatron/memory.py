@@ -220,19 +220,22 @@ def layer_activation_bytes(shape, setup, b):
     """Bytes one transformer layer saves for backward for a micro-batch of `b` sequences on one
     TP rank. Korthikanti et al. count s b h (34 + 5 a s / h) at 2 bytes and TP=1; for our layer:
     LayerNorm inputs and outputs 4 sbh, QKV output 3sbh/t (q, k, v are views of it), attention
-    output and its re-layout 2sbh/t, MLP input/GeLU output 2sbf/t, plus fp32 LayerNorm statistics.
-    sdpa (flash kernel) keeps a logsumexp instead of the s x s probabilities; the "math"
-    implementation and any attention dropout keep probabilities (and a 1-byte mask); hidden
-    dropout keeps two 1-byte masks."""
+    output sbh/t (the dense layer's input is a view of it), h->4h output and GeLU output 2sbf/t,
+    plus fp32 LayerNorm statistics. sdpa (flash kernel) keeps a logsumexp instead of the s x s
+    probabilities. The "math" implementation keeps the fp32 softmax, its copy in the activation
+    dtype (or the dropout output) and a contiguous copy of the context; dropout keeps 1-byte masks
+    (CUDA's fused dropout; on CPU torch keeps a mask in the activation dtype instead)."""
     s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
     t, a = shape.tensor_model_parallel_size, shape.num_attention_heads // shape.tensor_model_parallel_size
     act = setup.model_bytes
     sb = s * b
-    total = act * sb * (4 * h + 5 * h // t + 2 * f // t) + 4 * 4 * sb  # + LayerNorm mean/rstd, fp32
-    if setup.attention_impl == "sdpa" and setup.attention_dropout == 0:
-        total += 4 * b * a * s  # logsumexp
-    else:  # scores / softmax (and dropout) s x s per head
-        total += b * a * s * s * (2 * act + (1 if setup.attention_dropout > 0 else 0))
+    total = act * sb * (4 * h + 4 * h // t + 2 * f // t) + 4 * 4 * sb  # + LayerNorm mean/rstd, fp32
+    if setup.attention_impl == "sdpa":
+        total += 4 * b * a * s  # logsumexp; flash attention's dropout keeps an RNG state, no mask
+    else:
+        dropout = setup.attention_dropout > 0
+        total += b * a * s * s * (4 + (act if act != 4 or dropout else 0) + (1 if dropout else 0))
+        total += act * sb * h // t  # the context's contiguous re-layout
     if setup.hidden_dropout > 0:
         total += 2 * sb * h  # bool masks of the two residual dropouts
     return total
@@ -254,27 +257,30 @@ def _head_activation_bytes(shape, setup, b):
     sb = s * b
     return (2 * setup.model_bytes * sb * h + 2 * 4 * sb      # LayerNorm input and output, stats
             + 4 * sb * shape.padded_vocab_size // t          # softmax
-            + sb * (1 + 8) + 2 * 4 * sb)                      # outside mask, local ids; loss, mask
+            + sb * (1 + 8) + 4 * sb + 4)                      # outside mask, local ids; loss mask, count
 
 
 def activation_bytes(shape, setup, stage):
     """(peak, per micro-batch, in flight) for one rank of `stage`. DeepSpeed's 1F1B schedule keeps
     min(PP - stage, micro-batches) micro-batches between forward and backward on a stage.
-    With checkpointing only each chunk's input is saved, plus one chunk recomputed in backward."""
+    With checkpointing a micro-batch keeps each chunk's input; in its backward the last stage's
+    head is freed first, then one chunk is recomputed (its first LayerNorm input is the chunk's
+    saved input, so that is not counted twice)."""
     pp = shape.pipeline_model_parallel_size
     b = setup.micro_batch_size
     layers = shape.layers_per_stage()[stage]
-    extra = (_embedding_activation_bytes(shape, setup, b) if stage == 0 else 0) + \
-        (_head_activation_bytes(shape, setup, b) if stage == pp - 1 else 0)
+    embedding = _embedding_activation_bytes(shape, setup, b) if stage == 0 else 0
+    head = _head_activation_bytes(shape, setup, b) if stage == pp - 1 else 0
     per_layer = layer_activation_bytes(shape, setup, b)
     in_flight = min(pp - stage, setup.num_micro_batches) if setup.pipeline else 1
     if not setup.checkpoint_activations:
-        per_micro_batch = layers * per_layer + extra
+        per_micro_batch = layers * per_layer + embedding + head
         return in_flight * per_micro_batch, per_micro_batch, in_flight
-    k = setup.checkpoint_num_layers
-    chunks = ceil(layers / k)
-    per_micro_batch = chunks * setup.model_bytes * shape.seq_length * b * shape.hidden_size + extra
-    return in_flight * per_micro_batch + min(k, layers) * per_layer, per_micro_batch, in_flight
+    k = min(setup.checkpoint_num_layers, layers)
+    chunk_input = setup.model_bytes * shape.seq_length * b * shape.hidden_size
+    per_micro_batch = ceil(layers / k) * chunk_input + embedding + head
+    in_backward = per_micro_batch - head + k * per_layer - chunk_input
+    return (in_flight - 1) * per_micro_batch + max(per_micro_batch, in_backward), per_micro_batch, in_flight
 
 
 # --- all ranks -------------------------------------------------------------------------------

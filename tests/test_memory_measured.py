@@ -1,7 +1,9 @@
 """Memory per rank: the prediction from the config (megatron/memory.py) equals, byte for byte,
 what real DeepSpeed engines built by training.setup_model_and_optimizer hold after their first
 iteration (weights, gradients at the optimizer step, optimizer state), on real gloo ranks;
-activations are within a stated tolerance of the estimate."""
+activations (an estimate) are within 5% of the bytes autograd saved for backward (in these
+configurations, with and without checkpointing, they agree to the byte; the tolerance leaves room
+for kernels that save differently)."""
 import pytest
 
 from distributed import run_distributed
@@ -92,5 +94,5 @@ def test_tp2_pp2_exact_state_and_activation_estimate(checkpoint):
     for rank, stage, _, _, predicted, measured in rows:
         assert predicted["in_flight"] == (2 if stage == 0 else 1)
         ratio = measured["activations"] / predicted["activations"]
-        assert 0.9 <= ratio <= 1.1, f"rank {rank} activations: estimate {predicted['activations']:,}, " \
+        assert 0.95 <= ratio <= 1.05, f"rank {rank} activations: estimate {predicted['activations']:,}, " \
                                     f"saved for backward {measured['activations']:,}"
