@@ -35,6 +35,9 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MASTER_BYTES = 4  # fp32 master weights, Adam moments and DeepSpeed's fp32 partitions
 STEP_BYTES = 4    # torch.optim.AdamW's per-parameter `step`: a 0-dim fp32 tensor
 REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's zero_optimization.reduce_bucket_size default
+WRAPPER_NAMES = {"torch": "torch optimizer", "fp16_unfused": "FP16_UnfusedOptimizer", "fp16_fused": "FP16_Optimizer",
+                 "bf16": "BF16_Optimizer", "zero": "DeepSpeedZeroOptimizer",
+                 "zero3": "DeepSpeedZeroOptimizer_Stage3, an estimate"}
 
 
 @dataclass(frozen=True)
@@ -312,14 +315,14 @@ def format_memory_report(shape, setup, ranks=None):
     """One table, per stage its most loaded DP rank, bytes exact except activations."""
     ranks = ranks or predict_memory(shape, setup)
     lines = [f"memory per rank (predicted; {setup.precision}, ZeRO {setup.zero_stage}, "
-             f"optimizer {setup.optimizer_wrapper()}, DP={setup.data_parallel_size}, micro batch "
+             f"{WRAPPER_NAMES[setup.optimizer_wrapper()]}, DP={setup.data_parallel_size}, micro batch "
              f"{setup.micro_batch_size} x {setup.num_micro_batches}"
              f"{', checkpointed activations' if setup.checkpoint_activations else ''}):",
-             "  stage | dp rank |      weights |    gradients |    optimizer | activations* |        total"]
+             "  stage | dp rank |         weights |       gradients |       optimizer |    activations* |           total"]
     for stage in range(shape.pipeline_model_parallel_size):
         r = most_loaded([r for r in ranks if r.stage == stage])
-        lines.append(f"  {stage:5d} | {r.dp_rank:7d} | {r.weights:12,} | {r.gradients:12,} | {r.optimizer:12,} | "
-                     f"{r.activations:12,} | {r.total:12,}")
+        lines.append(f"  {stage:5d} | {r.dp_rank:7d} | {r.weights:15,} | {r.gradients:15,} | {r.optimizer:15,} | "
+                     f"{r.activations:15,} | {r.total:15,}")
     top = most_loaded(ranks)
     lines.append(f"  most loaded rank (stage {top.stage}, DP rank {top.dp_rank}): {format_bytes(top.total)}; "
                  f"*activations estimated: {top.in_flight} micro-batch(es) in flight x "
