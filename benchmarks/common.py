@@ -69,6 +69,10 @@ class Trainer:
     def step(self):
         loss = self._step(self.train_iter)
         self.lr_scheduler.step(self.args.global_batch_size)
+        if getattr(self.args, "memory_probe", None) is not None:  # after the first step, as train() does
+            from megatron.memory_measure import finish_memory_probe
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.memory = finish_memory_probe(self.args)
         return loss
 
 
