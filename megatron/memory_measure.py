@@ -12,6 +12,9 @@ buffer counts the whole buffer, padding included):
   activations on CPU the peak of the bytes autograd saved for backward (saved_tensors_hooks,
               parameters excluded); on CUDA max_memory_allocated over the iteration minus the
               weights, gradients and optimizer state (so it includes transient buffers).
+With fp16's dynamic loss scale the first steps usually overflow and are skipped: the optimizer
+state does not exist yet after iteration 1 and the report shows a MISMATCH for it (use bf16, or
+a static --loss-scale, to check it).
 """
 import torch
 
@@ -129,10 +132,13 @@ class MemoryProbe:
 
     def _arm_step(self, optimizer):
         """Snapshot the gradients when the optimizer's step() is entered, once."""
-        original = optimizer.step
+        original, shadowed = optimizer.step, "step" in vars(optimizer)
 
         def step(*a, **kw):
-            optimizer.step = original
+            if shadowed:
+                optimizer.step = original
+            else:
+                del optimizer.step  # the class's method again
             self._snapshot_gradients(optimizer)
             return original(*a, **kw)
         optimizer.step = step

@@ -96,3 +96,15 @@ def test_tp2_pp2_exact_state_and_activation_estimate(checkpoint):
         ratio = measured["activations"] / predicted["activations"]
         assert 0.95 <= ratio <= 1.05, f"rank {rank} activations: estimate {predicted['activations']:,}, " \
                                     f"saved for backward {measured['activations']:,}"
+
+
+def test_bf16_dp2_through_the_pipeline_engine_is_bf16_optimizer():
+    """DeepSpeed wraps bf16 + pipeline engine + ZeRO 0 in BF16_Optimizer (it runs on CPU): bf16 flat
+    weights padded to 2 x DP, a full flat bf16 gradient accumulator next to the bf16 .grad tensors
+    at the step, fp32 master slices and Adam state per DP rank."""
+    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4", "--bf16"])[0]
+    _check_exact(rows)
+    for *_, predicted, _ in rows:
+        assert predicted["weights"] == 2 * TOTAL  # both groups are multiples of 4 already
+        assert predicted["gradients"] == 2 * TOTAL + 2 * TOTAL
+        assert predicted["optimizer"] == 3 * 4 * TOTAL // 2 + 2 * 4
