@@ -71,6 +71,10 @@ class Trainer:
     def step(self):
         from megatron.training import train_step
         loss, _ = train_step(self.steps, self.lr_scheduler, self.calculator, self.train_iter, self.progress, self.args)
+        if getattr(self.args, "memory_probe", None) is not None:  # after the first step, as train() does
+            from megatron.memory_measure import finish_memory_probe
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.memory = finish_memory_probe(self.args)
         return loss
 
 

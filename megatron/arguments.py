@@ -183,6 +183,8 @@ def _add_logging_args(parser):
     g.add_argument("--log-timers-to-tensorboard", action="store_true")
     g.add_argument("--log-batch-size-to-tensorboard", action="store_true")
     g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    g.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense peak TFLOP/s of one device for MFU (default: looked up from the CUDA device name)")
 
 
 def _add_activation_checkpoint_args(parser):
@@ -239,6 +241,8 @@ def validate_args(args, world_size=None, cuda_available=None):
     _require(args.optimizer in ("adam", "sgd"),
              f"--optimizer {args.optimizer} is not supported: use adam or sgd")
     _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
+    _require(args.peak_tflops is None or args.peak_tflops > 0,
+             f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
     _validate_batch_sizes(args)
     _validate_training_length(args)

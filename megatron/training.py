@@ -15,6 +15,7 @@ from megatron.engine import current_loss_scale, engine_steps
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
+from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import gigaflos_no_embeds
 from megatron.optimizer import build_optimizer, uses_own_clipping
@@ -96,6 +97,7 @@ def setup_model_and_optimizer(model_provider, args):
         engine.enable_backward_allreduce = False             # DeepSpeedEngine.backward
         engine.pipeline_enable_backward_allreduce = False    # PipelineEngine's ReduceGrads
     lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
+    startup_report(engine, args)  # predicted memory per rank, MFU peak; arms the first iteration's measurement
     lr_scheduler.step(0)
     return engine, lr_scheduler, calculator
 
@@ -226,6 +228,7 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
         loss, gbs = train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
         timers("interval-time").stop()
         stats.add(loss, gbs, steps.engine.was_step_applied())
+        finish_memory_probe(args)  # once, after the first iteration: measured vs predicted memory
 
         if progress.iteration % args.log_interval == 0:
             training_log(stats, timers("interval-time").elapsed(), lr_scheduler.get_lr(),

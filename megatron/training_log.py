@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from megatron import print_rank_last
 from megatron.global_vars import get_tensorboard_writer
+from megatron.mfu import interval_mfu
 
 
 class _NoWriter:
@@ -81,6 +82,7 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
     samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, args)
+    mfu = interval_mfu(stats.samples, elapsed, args)  # None without a known peak
     dp, it = args.data_parallel_size, progress.iteration
 
     writer = _writer()
@@ -99,6 +101,8 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     writer.add_scalar("iteration-time/tokens per second", tokens_per_second, it)
     writer.add_scalar("iteration-time/tokens per second per replica", tokens_per_second / dp, it)
     writer.add_scalar("iteration-time/TFLOPs per gpu (estimated)", tflops, it)
+    if mfu is not None:
+        writer.add_scalar("iteration-time/MFU", mfu, it)
 
     line = (f" iteration {it:8d}/{args.total_iterations:8d} |"
             f" consumed samples: {progress.consumed_train_samples:12d} |"
@@ -112,6 +116,8 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
         line += f" grad norm: {grad_norm:.3f} |"
     line += f" number of skipped iterations: {stats.skipped:3d} |"
     line += f" samples per second: {samples_per_second:.3f} | TFLOPs: {tflops:.2f} |"
+    if mfu is not None:
+        line += f" MFU: {100 * mfu:.2f}% |"
     print_rank_last(line)
 
 

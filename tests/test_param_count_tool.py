@@ -66,3 +66,33 @@ def test_formula_equals_built_model(shape):
     shape = ModelShape(**shape)
     built = run_distributed(2, _built_count, shape, pp=2)
     assert built[0] == built[1] == analytic_parameter_counts(shape)  # components, per-stage held and owned
+
+
+def test_memory_table_from_layout_precision_zero_and_batch_flags():
+    """The tool's memory table is the trainer's prediction (megatron.memory), checked against
+    real engines in tests/test_memory_measured.py; here: its flags reach it and it stays torch-free."""
+    from megatron.memory import TrainingSetup, predict_memory
+    flags = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "600", "--pipeline-model-parallel-size", "2", "--num-gpus", "4", "--zero-stage", "1",
+             "--bf16", "--micro-batch-size", "2", "--global-batch-size", "16", "--checkpoint-activations"]
+    out = run_tool(*flags)
+    shape = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
+                       pipeline_model_parallel_size=2)
+    setup = TrainingSetup(precision="bf16", zero_stage=1, data_parallel_size=2, micro_batch_size=2,
+                          num_micro_batches=4, checkpoint_activations=True, hidden_dropout=0.1,
+                          attention_dropout=0.1)
+    assert "memory per rank (predicted; bf16, ZeRO 1, DeepSpeedZeroOptimizer, DP=2, micro batch 2 x 4" in out
+    for stage in (0, 1):
+        r = max((r for r in predict_memory(shape, setup) if r.stage == stage), key=lambda r: (r.total, r.transient))
+        # bf16 weights: the two flat groups padded to 2 x DP, one copy per rank
+        assert r.weights % (2 * 2 * 2) == 0
+        assert (f"  {stage:5d} | {r.dp_rank:7d} | {r.weights:15,} | {r.gradients:15,} | {r.optimizer:15,} | "
+                f"{r.activations:15,} | {r.total:15,}\n") in out
+    probe = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['param_count.py'] + sys.argv[1:]; "
+                            "runpy.run_path('tools/param_count.py', run_name='__main__'); "
+                            "assert 'torch' not in sys.modules, 'the tool imported torch'"] + flags,
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    bad = subprocess.run([sys.executable, "tools/param_count.py", *flags[:12], "--num-gpus", "3"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--world-size 3 is not divisible by TP x PP = 2" in bad.stderr

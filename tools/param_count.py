@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Exact parameter count and FLOPs of a GPT from Megatron flags, without building a model.
+"""Exact parameter count, FLOPs and memory per rank of a GPT from Megatron flags, without building a model.
 
     python tools/param_count.py --num-layers 8 --hidden-size 512 --num-attention-heads 8 \
-        --seq-length 1024 --vocab-size 50257 --tensor-model-parallel-size 2
+        --seq-length 1024 --vocab-size 50257 --tensor-model-parallel-size 2 \
+        --num-gpus 8 --bf16 --zero-stage 1 --micro-batch-size 4 --global-batch-size 64
 
 The flags, their defaults and the shape's validation are the trainer's own (megatron/arguments.py,
 megatron/model/shape.py); the numbers come from the same analytic functions the trainer's
@@ -15,6 +16,7 @@ import os
 
 from megatron import arguments
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
+from megatron.memory import TrainingSetup, format_memory_report
 from megatron.model.shape import ConfigError, ModelShape
 from megatron.utils import format_parameter_report
 
@@ -22,8 +24,11 @@ from megatron.utils import format_parameter_report
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     for add in (arguments._add_network_size_args, arguments._add_distributed_args, arguments._add_training_args,
-                arguments._add_data_args):
+                arguments._add_data_args, arguments._add_mixed_precision_args, arguments._add_zero_args,
+                arguments._add_regularization_args):
         add(p)
+    p.add_argument("--world-size", "--num-gpus", dest="world_size", type=int, default=None,
+                   help="ranks in the job (default TP x PP: DP = 1); sets the data-parallel size for the memory table")
     args, _ = p.parse_known_args(argv)
     if (args.vocab_size is None) == (args.vocab_file is None):
         p.error("give exactly one of --vocab-size or --vocab-file")
@@ -37,9 +42,27 @@ def parse_args(argv=None):
             p.error(f"--vocab-file {args.vocab_file}: not a GPT-2 vocab.json ({e})")
     try:
         args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
+        args.memory_setup = _training_setup(args)
     except ConfigError as e:
         p.error(str(e))
     return args
+
+
+def _training_setup(args):
+    """The memory table's layout, precision, ZeRO stage and batch, checked like the trainer does."""
+    mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    world = args.world_size or mp
+    arguments._require(world % mp == 0, f"--world-size {world} is not divisible by TP x PP = {mp}")
+    arguments._require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
+    args.data_parallel_size = world // mp
+    args.micro_batch_size = args.micro_batch_size or 1
+    gbs = args.global_batch_size or args.micro_batch_size * args.data_parallel_size
+    arguments._require(gbs % (args.micro_batch_size * args.data_parallel_size) == 0,
+                       f"--global-batch-size {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} "
+                       f"x data-parallel size {args.data_parallel_size}")
+    args.zero_stage = args.zero_stage or 0
+    arguments._require(args.zero_stage in (0, 1, 2, 3), f"--zero-stage {args.zero_stage} must be 0, 1, 2 or 3")
+    return TrainingSetup.from_args(args)
 
 
 def report(args):
@@ -54,7 +77,7 @@ def report(args):
     if args.global_batch_size:
         flops = flops_per_sample(shape, args.checkpoint_activations)
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
-    return lines
+    return lines + format_memory_report(shape, args.memory_setup)
 
 
 def main(argv=None):
