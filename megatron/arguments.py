@@ -392,6 +392,9 @@ def _apply_deepspeed_config(args):
     args.zero_stage = zero.setdefault("stage", 0)
     _require(args.zero_stage in (0, 1, 2, 3), f"{where}: zero_optimization.stage {args.zero_stage} does not exist: "
                                               f"use 0, 1, 2 or 3")
+    if args.optimizer == "sgd" and args.zero_stage > 0:
+        # DeepSpeed's ZeRO refuses optimizers outside its tested list unless told; --optimizer sgd is explicit
+        config.setdefault("zero_allow_untested_optimizer", True)
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")
