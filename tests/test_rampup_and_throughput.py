@@ -14,9 +14,9 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     i = TINY.index("--lr-warmup-iters")
     base = TINY[:i] + TINY[i + 2:]  # sample-based run: warmup in samples
     base[base.index("--micro-batch-size") + 1] = "1"  # x DP 2: batches grow in steps of 2 samples
-    args = base + ["--train-samples", 60, "--global-batch-size", 8,
-                   "--rampup-batch-size", 2, 2, 24, "--lr-warmup-samples", 8, "--checkpoint-activations",
-                   "--tensorboard-dir", tmp_path / "tb", "--log-batch-size-to-tensorboard", "--log-timers-to-tensorboard"]
+    args = base + ["--train-samples", 60, "--global-batch-size", 8, "--rampup-batch-size", 2, 2, 24,
+                   "--lr-warmup-samples", 8, "--checkpoint-activations", "--tensorboard-dir", tmp_path / "tb",
+                   "--log-batch-size-to-tensorboard", "--log-timers-to-tensorboard"]
     proc, results = launch(2, args, str(tmp_path / "run"))
     last = results[1]
     # start 2, +2 every 24/3 = 8 samples until 8: 2,2,2,2 | 4,4 | 6,6 | 8,8,8,8 (60 samples)
