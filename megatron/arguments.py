@@ -9,6 +9,10 @@ from megatron.model.shape import require_fraction, require_non_negative, require
 
 
 def parse_args(extra_args_provider=None, args_list=None):
+    return build_parser(extra_args_provider).parse_args(args_list)
+
+
+def build_parser(extra_args_provider=None):
     parser = argparse.ArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
     for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
@@ -19,8 +23,7 @@ def parse_args(extra_args_provider=None, args_list=None):
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
     import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
-    parser = deepspeed.add_config_arguments(parser)
-    return parser.parse_args(args_list)
+    return deepspeed.add_config_arguments(parser)
 
 
 def _add_network_size_args(parser):

@@ -188,3 +188,18 @@ def test_rules_after_the_tokenizer_and_before_the_model(entry_point, tmp_path):
     (ckpt / "global_step3" / "megatron_layout.json").write_text(json.dumps(saved))
     line = check_one_line(entry_point, flags({"--load": ckpt}), 1, "--load")
     assert "hidden_size: saved 128 vs now 64, ffn_hidden_size: saved 512 vs now 256" in line
+
+
+def test_readme_flag_table_lists_every_flag():
+    """The flag audit stays true: a new flag must be placed in README's table (or its
+    "accepted, no effect" row)."""
+    import re
+
+    from megatron.arguments import build_parser
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
+        readme = f.read()
+    table = readme[readme.index("| group | flags |"):readme.index("The ds_config and the flags must agree")]
+    deepspeed_own = {"--deepscale", "--deepscale_config", "--local-rank"}  # aliases users do not pass
+    flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
+    missing = {f for f in flags - deepspeed_own - {"--help"} if not re.search(re.escape(f) + r"(?![-\w])", table)}
+    assert missing == set()
