@@ -117,14 +117,19 @@ class PlainGPT(nn.Module):
 
 class PlainTrainer:
     """Single process, no framework: forward, backward, clip to the same max norm our trainer
-    uses (Megatron's default --clip-grad 1.0), AdamW with the same hyper-parameters."""
+    uses (Megatron's default --clip-grad 1.0), AdamW with the same hyper-parameters and the same
+    weight-decay groups."""
 
     def __init__(self, layers, hidden, heads, seq, micro_batch, vocab, clip_grad=1.0):
         from megatron.utils import pad_vocab_size
         padded = pad_vocab_size(vocab, 128, 1)
         torch.manual_seed(1234)
         self.model = PlainGPT(layers, hidden, heads, seq, padded).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+        # the trainer's groups (megatron/optimizer.py): biases and LayerNorm gains are not decayed
+        decay = [p for p in self.model.parameters() if p.ndim > 1]
+        no_decay = [p for p in self.model.parameters() if p.ndim <= 1]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
         self.clip_grad = clip_grad
         text = torch.randint(0, vocab, (micro_batch, seq + 1))
         self.tokens, self.labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()

@@ -6,9 +6,14 @@ import os
 
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
                                   require as _require)
+from megatron.model.shape import require_fraction, require_non_negative, require_positive
 
 
 def parse_args(extra_args_provider=None, args_list=None):
+    return build_parser(extra_args_provider).parse_args(args_list)
+
+
+def build_parser(extra_args_provider=None):
     parser = argparse.ArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
     for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
@@ -19,8 +24,7 @@ def parse_args(extra_args_provider=None, args_list=None):
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
     import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
-    parser = deepspeed.add_config_arguments(parser)
-    return parser.parse_args(args_list)
+    return deepspeed.add_config_arguments(parser)
 
 
 def _add_network_size_args(parser):
@@ -212,6 +216,64 @@ def _int(text, flag):
         raise ConfigError(f"{flag}: '{text}' is not an integer") from None
 
 
+# The value rule of every size, count, interval and fraction flag that is not a field of the model's
+# shape (ModelShape checks those). Checked by validate_flag_values, which tools/param_count.py
+# shares: a flag the caller's parser does not define is skipped.
+POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples", "--exit-interval",
+            "--exit-duration-in-mins", "--checkpoint-num-layers", "--lr-decay-iters", "--lr-decay-samples",
+            "--save-interval", "--eval-interval", "--log-interval", "--tensorboard-queue-size",
+            "--tensorboard-log-interval", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
+            "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
+NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--eval-iters", "--num-workers",
+                "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
+FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
+BELOW_ONE = ("--adam-beta1", "--adam-beta2")  # torch's Adam refuses 1.0
+
+
+def _dest(flag):
+    return flag.lstrip("-").replace("-", "_")
+
+
+def validate_flag_values(args):
+    """Each flag's own range, before any flag is combined with another."""
+    for rule, flags in ((require_positive, POSITIVE), (require_non_negative, NON_NEGATIVE),
+                        (require_fraction, FRACTIONS)):
+        for flag in flags:
+            if hasattr(args, _dest(flag)):
+                rule(flag, getattr(args, _dest(flag)))
+    for flag in BELOW_ONE:
+        if hasattr(args, _dest(flag)):
+            require_fraction(flag, getattr(args, _dest(flag)), below_one=True)
+    if getattr(args, "seed", None) is not None:
+        _require(args.seed < 2 ** 32, f"--seed {args.seed} must be below 2^32 (numpy's seed range)")
+    if getattr(args, "zero_stage", None) is not None:
+        _require(args.zero_stage <= 3, f"--zero-stage {args.zero_stage} does not exist: use 0, 1, 2 or 3")
+    if getattr(args, "initial_loss_scale", None) is not None:
+        power = float(args.initial_loss_scale).as_integer_ratio()
+        _require(args.initial_loss_scale >= 1 and power[1] == 1 and power[0] & (power[0] - 1) == 0,
+                 f"--initial-loss-scale {args.initial_loss_scale} must be a power of 2 (DeepSpeed takes its exponent)")
+    if getattr(args, "lr", None) is not None and getattr(args, "min_lr", None) is not None:
+        _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr} exceeds --lr {args.lr}: the decay would rise")
+
+
+def validate_rampup(args):
+    """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes; returns the
+    three integers (also shared with tools/param_count.py)."""
+    _require(len(args.rampup_batch_size) == 3,
+             "--rampup-batch-size takes 3 values: <start batch> <increment> <ramp-up samples>")
+    start, incr, samples = (_int(v, "--rampup-batch-size") for v in args.rampup_batch_size)
+    _require(start > 0 and incr > 0 and samples > 0,
+             f"--rampup-batch-size {start} {incr} {samples}: start batch, increment and ramp-up samples must be > 0")
+    gbs = args.global_batch_size
+    if gbs is not None:
+        _require(start <= gbs, f"--rampup-batch-size: start batch {start} exceeds --global-batch-size {gbs}; "
+                               f"a ramp-up grows the batch: start at or below it")
+        _require((gbs - start) % incr == 0,
+                 f"--rampup-batch-size: global batch {gbs} minus start batch {start} is not divisible by "
+                 f"the increment {incr}")
+    return [start, incr, samples]
+
+
 def validate_args(args, world_size=None, cuda_available=None):
     """Check every flag against the others; fill in derived values. Cheap: no distributed
     init, no model, no data. Raises ConfigError with a one-line message."""
@@ -224,14 +286,15 @@ def validate_args(args, world_size=None, cuda_available=None):
 
     _require(args.micro_batch_size is not None, "--micro-batch-size is required")
     _require(args.lr is not None, "--lr is required (e.g. --lr 1e-4)")
+    validate_flag_values(args)
+    # the shape's defaults and rules live in ModelShape (TP and PP sizes included); the vocab is
+    # --vocab-size here (so it is checked now) and the tokenizer's once that is built
+    args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    _require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
     _require(world_size % (tp * pp) == 0,
              f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
              f"--pipeline-model-parallel-size {pp}: launch a multiple of {tp * pp} ranks or change TP/PP")
     args.data_parallel_size = world_size // (tp * pp)
-    # the shape's defaults and rules live in ModelShape; the vocab is filled in with the tokenizer
-    args.model_shape = ModelShape.from_args(args)
     args.ffn_hidden_size = args.model_shape.ffn_hidden_size
     args.max_position_embeddings = args.model_shape.max_position_embeddings
     args.num_key_value_heads = args.model_shape.num_key_value_heads
@@ -240,7 +303,6 @@ def validate_args(args, world_size=None, cuda_available=None):
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
     _require(args.optimizer in ("adam", "sgd"),
              f"--optimizer {args.optimizer} is not supported: use adam or sgd")
-    _require(args.checkpoint_num_layers >= 1, "--checkpoint-num-layers must be >= 1")
     _require(args.peak_tflops is None or args.peak_tflops > 0,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
@@ -250,6 +312,10 @@ def validate_args(args, world_size=None, cuda_available=None):
     _validate_data(args)
     # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only
     args.deepspeed_activation_checkpointing = args.deepspeed_activation_checkpointing and args.checkpoint_activations
+    _require(not (args.deepspeed_activation_checkpointing and args.contigious_checkpointing
+                  and not args.partition_activations),
+             "--contigious-checkpointing needs --partition-activations (DeepSpeed copies partitioned activations "
+             "into one buffer): add it or drop --contigious-checkpointing")
     args.ds_pipeline_enabled = not args.no_pipeline_parallel
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
@@ -265,13 +331,7 @@ def _validate_batch_sizes(args):
              f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
              f"size {dp}: use a multiple of {mbs * dp}")
     if args.rampup_batch_size:
-        _require(len(args.rampup_batch_size) == 3,
-                 "--rampup-batch-size takes 3 values: <start batch> <increment> <ramp-up samples>")
-        start, incr, samples = (_int(v, "--rampup-batch-size") for v in args.rampup_batch_size)
-        _require(start > 0 and incr > 0, "--rampup-batch-size: start batch and increment must be > 0")
-        _require((gbs - start) % incr == 0,
-                 f"--rampup-batch-size: global batch {gbs} minus start batch {start} is not divisible by "
-                 f"the increment {incr}")
+        start, incr, samples = validate_rampup(args)
         for flag, value in (("start batch", start), ("increment", incr)):
             _require(value % (mbs * dp) == 0,
                      f"--rampup-batch-size: {flag} {value} is not divisible by --micro-batch-size {mbs} x "
@@ -310,6 +370,11 @@ def _validate_data(args):
                  "--mock-data needs --vocab-size N (or --vocab-file and --merge-file)")
         return
     _require(args.data_path, "--data-path is required (or pass --mock-data for a synthetic token stream)")
+    from megatron.data.gpt_dataset import get_train_valid_test_split_
+    try:
+        get_train_valid_test_split_(args.split, 1000)  # the format only; the data's size is not known yet
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if args.tokenizer_type in (None, "GPT2BPETokenizer"):
         _require(args.vocab_file and args.merge_file,
                  "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")
@@ -362,6 +427,11 @@ def _apply_deepspeed_config(args):
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
     args.zero_stage = zero.setdefault("stage", 0)
+    _require(args.zero_stage in (0, 1, 2, 3), f"{where}: zero_optimization.stage {args.zero_stage} does not exist: "
+                                              f"use 0, 1, 2 or 3")
+    if args.optimizer == "sgd" and args.zero_stage > 0:
+        # DeepSpeed's ZeRO refuses optimizers outside its tested list unless told; --optimizer sgd is explicit
+        config.setdefault("zero_allow_untested_optimizer", True)
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")

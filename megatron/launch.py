@@ -8,7 +8,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # " iteration  12/  40 | consumed samples: ... | lm loss: 6.4E+00 | ... | samples per second: 17.4 | TFLOPs: 0.01 |"
-_FIELD = re.compile(r" ([a-zA-Z][a-zA-Z ()]*?):\s+([-+0-9.E]+|nan|inf) \|")
+_FIELD = re.compile(r" ([a-zA-Z][a-zA-Z ()]*?): +([-+0-9.E]+|nan|inf) \|")  # values may be padded
 _ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \|(.*)$", re.MULTILINE)
 
 

@@ -79,9 +79,24 @@ def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
         hook.remove()
 
 
+_initialize = training.deepspeed.initialize
+
+
+def initialize(*args, **kwargs):
+    """What the engine really runs with: its ZeRO stage and the elements this rank holds after it
+    partitioned the model (ZeRO-3 leaves each rank its shard only)."""
+    engine, *rest = _initialize(*args, **kwargs)
+    state["zero_stage"] = engine.zero_optimization_stage()
+    state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+    return (engine, *rest)
+
+
 training.training_log = training_log
 training.compute_parameter_counts = compute_parameter_counts
 training.train_step = train_step
+
+
+training.deepspeed.initialize = initialize
 
 
 class _EngineView(logging.Handler):

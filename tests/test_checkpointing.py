@@ -74,7 +74,8 @@ def test_resume_matches_at_tp2_pp2(corpus, tmp_path):
 
 def test_checkpoint_of_another_shape_is_refused(corpus, tmp_path):
     ckpt = tmp_path / "ckpt"
-    launch(1, real_data_args(corpus) + ["--save", ckpt, "--exit-interval", 1], str(tmp_path / "a"))
+    saved, _ = launch(1, real_data_args(corpus) + ["--save", ckpt, "--exit-interval", 1], str(tmp_path / "a"))
+    assert "Using topology" in saved.stdout and "estimated model parameters" in saved.stdout
     before = sorted(os.listdir(ckpt))
     # another TP x PP layout is resharded (tests/test_checkpoint_layouts.py); another shape is refused
     proc, _ = launch(1, real_data_args(corpus) + ["--hidden-size", 128, "--load", ckpt, "--save", ckpt],
@@ -85,6 +86,9 @@ def test_checkpoint_of_another_shape_is_refused(corpus, tmp_path):
             "launch with the saved shape") in proc.stdout
     assert "estimated model parameters" not in proc.stdout  # refused before the model was built
     assert sorted(os.listdir(ckpt)) == before  # nothing saved was touched
+    # refused before the model was built: DeepSpeed's PipelineModule prints its topology when it is
+    # constructed, and the parameter report follows every build
+    assert "Using topology" not in proc.stdout and "estimated model parameters" not in proc.stdout
 
 
 def _check_tensorboard(logdir, whole):
@@ -135,3 +139,68 @@ def test_reloading_a_finished_run_trains_nothing_and_exits_cleanly(tmp_path):
         assert f"loaded checkpoint {ckpt}/global_step2/" in proc.stdout
         assert results[0]["log_calls"] == 0 and results[0]["iteration"] == 2
     assert sorted(os.listdir(ckpt)) == ["global_step2", "latest", "latest_checkpointed_iteration.txt"]
+
+
+def _save_while_rank1_stalls(save_dir):
+    """Two saves at PP=2; in the second, rank 1 stalls inside its first file write until rank 0 has
+    written all of its own files (and a second more), then reads the pointers."""
+    import time
+    import types
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from megatron import mpu
+    from megatron.checkpointing import TRACKER, save_checkpoint
+    from megatron.learning_rates import AnnealingLR
+    from megatron.model.gpt_model import GPTModelPipe
+    from megatron.training_state import TrainingProgress
+    from model_fixtures import tiny_config
+
+    config = tiny_config(pipeline_model_parallel_size=2)
+    model = GPTModelPipe(config, topology=mpu.get_topology())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                           config={"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10 ** 9})
+    shape = config.shape
+    layout = {k: getattr(shape, k) for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                             "max_position_embeddings", "tensor_model_parallel_size",
+                                             "pipeline_model_parallel_size")}
+    args = types.SimpleNamespace(save=save_dir, rank=dist.get_rank(), no_save_rng=False, ds_pipeline_enabled=True,
+                                 padded_vocab_size=shape.padded_vocab_size, **layout)
+    lr_scheduler = AnnealingLR(optimizer, 0.1, 0.0, 0, 100, "constant")
+
+    def pointers():
+        with open(os.path.join(save_dir, "latest")) as f, open(os.path.join(save_dir, TRACKER)) as g:
+            return f.read(), g.read()
+
+    progress = TrainingProgress(iteration=1)
+    save_checkpoint(engine, lr_scheduler, progress, args)
+    seen = []
+    if dist.get_rank() == 1:
+        write = engine.checkpoint_engine.save
+        rank0_done = os.path.join(save_dir, "global_step2", "mp_rank_00_model_states.pt")
+
+        def stalled(state_dict, path, *rest, **kwargs):
+            if not seen:
+                deadline = time.monotonic() + 120
+                while not os.path.exists(rank0_done) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(1.0)  # ample time for rank 0 to move the pointers, were it allowed to
+                seen.append((os.path.exists(rank0_done), sorted(os.listdir(os.path.join(save_dir, "global_step2"))),
+                             pointers()))
+            return write(state_dict, path, *rest, **kwargs)
+        engine.checkpoint_engine.save = stalled
+    progress.iteration = 2
+    save_checkpoint(engine, lr_scheduler, progress, args)
+    return seen, pointers()
+
+
+def test_pointers_move_only_after_every_rank_has_written(tmp_path):
+    from distributed import run_distributed
+    _, (seen, after) = run_distributed(2, _save_while_rank1_stalls, str(tmp_path), pp=2)
+    [(rank0_done, files_during_stall, pointers_during_stall)] = seen
+    assert rank0_done  # rank 0 had written its shards of iteration 2 ...
+    assert not any(name.startswith(("layer_02", "layer_03", "mp_rank_01")) for name in files_during_stall)
+    assert pointers_during_stall == ("global_step1", "1")  # ... yet the pointers still named iteration 1
+    assert after == ("global_step2", "2")

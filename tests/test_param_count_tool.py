@@ -48,6 +48,23 @@ def test_unknown_flags_are_ignored_so_launch_scripts_paste_in():
     assert "parameters: 143,104\n" in out  # 640*64 + 32*64 + 2*(12*64^2 + 13*64) + 2*64
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--vocab-file", "README.md"], "param_count.py: error: --vocab-file README.md: not a GPT-2 vocab.json ("),
+    (["--vocab-size", 600, "--global-batch-size", 0], "param_count.py: error: --global-batch-size 0 must be positive"),
+    (["--vocab-size", 0], "param_count.py: error: --vocab-size 0 must be positive"),
+    (["--vocab-size", 600, "--global-batch-size", 16, "--rampup-batch-size", 32, 8, 100],
+     "param_count.py: error: --rampup-batch-size: start batch 32 exceeds --global-batch-size 16"),
+])
+def test_bad_input_is_one_line_with_the_trainers_rules(flags, message):
+    """The trainer's checks (megatron.arguments.validate_flag_values / validate_rampup, ModelShape)."""
+    proc = subprocess.run([sys.executable, "tools/param_count.py", "--num-layers", "2", "--hidden-size", "64",
+                           "--num-attention-heads", "4", "--seq-length", "32", *map(str, flags)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(message), line
+
+
 def _built_count(shape):
     from megatron import mpu
     from megatron.model.config import GPTConfig

@@ -1,5 +1,8 @@
-"""PP=2 equals PP=1 through DeepSpeed's pipeline engine: same initial weights, same loss, and
-the tied word embedding gets the gradient of both its uses and stays identical on both stages."""
+"""PP=2 equals PP=1 through DeepSpeed's pipeline engine, and both equal a plain step without
+DeepSpeed clipped by torch.nn.utils.clip_grad_norm_: same initial weights, same loss, same
+gradient norm and update, and the tied word embedding gets the gradient of both its uses and
+stays identical on both stages."""
+import pytest
 import torch
 
 from distributed import run_distributed
@@ -35,8 +38,45 @@ def _pipeline_step():
             "eval_loss": eval_loss, "train_loss": train_loss, "stage": mpu.get_pipeline_model_parallel_rank()}
 
 
+def _plain_step():
+    """The same step on the plain module (no DeepSpeed, no pipeline), clipped by torch."""
+    from megatron.model.gpt_model import GPTModel
+    config = tiny_config(num_layers=3)
+    model = GPTModel(config, seed=SEED)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = 0.0
+    for i in range(MICRO_BATCHES):
+        micro_loss = model(*tiny_batch(config, seed=i)) / MICRO_BATCHES
+        micro_loss.backward()
+        loss += micro_loss.item()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
+    optimizer.step()
+    return {"grad_norm": grad_norm, "train_loss": loss, "updated": {_pipe_name(k, config.shape.num_layers): v.clone()
+                                                                    for k, v in model.state_dict().items()}}
+
+
+def _pipe_name(name, num_layers):
+    """GPTModel's name of a tensor -> GPTModelPipe's (0: embedding, 1..L: layers, L+1: final LayerNorm)."""
+    name = name.replace("language_model.embedding.", "tied_modules.embed.")
+    name = name.replace("language_model.encoder.final_layernorm.", f"{num_layers + 1}.")
+    if name.startswith("language_model.encoder.layers."):
+        layer, rest = name[len("language_model.encoder.layers."):].split(".", 1)
+        name = f"{int(layer) + 1}.{rest}"
+    return name
+
+
+def _pp1_and_plain():
+    return _pipeline_step(), _plain_step()
+
+
 def test_pp2_matches_pp1_and_keeps_tied_embedding_in_sync():
-    [ref] = run_distributed(1, _pipeline_step)
+    [(ref, plain)] = run_distributed(1, _pp1_and_plain)
+    # PP=1 through DeepSpeed with our clipping hook equals torch's clipping on the plain module
+    assert ref["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-6)
+    assert ref["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+    assert ref["updated"].keys() == plain["updated"].keys()
+    for key, value in plain["updated"].items():
+        torch.testing.assert_close(ref["updated"][key], value, rtol=1e-5, atol=1e-6, msg=key)
     stages = run_distributed(2, _pipeline_step, pp=2)
     word = "tied_modules.embed.word_embeddings.weight"
     layer_keys = set()

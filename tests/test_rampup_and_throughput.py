@@ -1,6 +1,7 @@
-"""Batch-size ramp-up in a real PP=2 run with activation checkpointing: the global batch follows
-Megatron's schedule, the number of micro-batches follows it, and every throughput figure the
-logger writes is derived from the cached FLOPs per sample and the batch of that iteration.
+"""Batch-size ramp-up in a real DP=2 run with activation checkpointing: the global batch follows
+Megatron's schedule, the number of micro-batches follows it, samples per second times the
+iteration time is the number of samples the iteration consumed, the per-replica figure is the
+total over the 2 replicas, and TFLOPs follow from the cached FLOPs per sample.
 Validation during the ramp-up counts the batches it really evaluated, so a run resumed in the
 middle of the ramp-up validates on the same samples as the uninterrupted run."""
 import re
@@ -8,6 +9,7 @@ import re
 import pytest
 
 from launcher import TINY, launch
+from megatron.launch import logged_iterations
 
 SEQ = 32
 EXIT_AT = 6
@@ -21,10 +23,12 @@ def validation_losses(output):
 def test_rampup_schedule_and_logged_throughput(tmp_path):
     i = TINY.index("--lr-warmup-iters")
     base = TINY[:i] + TINY[i + 2:]  # sample-based run: warmup in samples
-    args = base + ["--pipeline-model-parallel-size", 2, "--train-samples", 60, "--global-batch-size", 8,
-                   "--rampup-batch-size", 2, 2, 24, "--lr-warmup-samples", 8, "--checkpoint-activations"]
-    args[args.index("--eval-interval") + 1] = "2"
-    whole_args = args + ["--tensorboard-dir", tmp_path / "tb", "--log-batch-size-to-tensorboard"]
+    base[base.index("--micro-batch-size") + 1] = "1"  # x DP 2: batches grow in steps of 2 samples
+    base[base.index("--eval-interval") + 1] = "2"
+    args = base + ["--train-samples", 60, "--global-batch-size", 8, "--rampup-batch-size", 2, 2, 24,
+                   "--lr-warmup-samples", 8, "--checkpoint-activations"]
+    whole_args = args + ["--tensorboard-dir", tmp_path / "tb", "--log-batch-size-to-tensorboard",
+                         "--log-timers-to-tensorboard"]
     proc, results = launch(2, whole_args, str(tmp_path / "run"))
     last = results[1]
     # start 2, +2 every 24/3 = 8 samples until 8: 2,2,2,2 | 4,4 | 6,6 | 8,8,8,8 (60 samples)
@@ -41,13 +45,19 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     flops = last["flops_per_sample"]
     # recompute factor 4: 4 L (8 s h^2 + 4 s^2 h + 4 s h f) + 3 (2 s h V), h=64, f=256, V=640
     assert flops == 4 * 2 * (8 * SEQ * 64 * 64 + 4 * SEQ * SEQ * 64 + 4 * SEQ * 64 * 256) + 6 * SEQ * 64 * 640
-    world, dp = 2, 1
+    world, dp = 2, 2
+    logged = logged_iterations(proc.stdout)
     for it in range(1, 13):
+        consumed = logged[it]["consumed samples"] - (logged[it - 1]["consumed samples"] if it > 1 else 0)
+        assert consumed == batches[it - 1]
         sps = scalars["iteration-time/samples per second"][it]
+        seconds = scalars["iteration-time/iteration-time"][it]  # the one iteration of the log interval
+        assert sps * seconds == pytest.approx(consumed, rel=1e-5)
+        assert scalars["iteration-time/samples per second per replica"][it] == pytest.approx(consumed / seconds / dp,
+                                                                                            rel=1e-5)
         tflops = scalars["iteration-time/TFLOPs per gpu (estimated)"][it]
-        assert tflops == pytest.approx(sps * flops / world / 1e12, rel=1e-5)
-        assert scalars["iteration-time/tokens per second"][it] == pytest.approx(sps * SEQ, rel=1e-6)
-        assert scalars["iteration-time/samples per second per replica"][it] == pytest.approx(sps / dp, rel=1e-6)
+        assert tflops == pytest.approx(consumed * flops / seconds / world / 1e12, rel=1e-5)
+        assert scalars["iteration-time/tokens per second"][it] == pytest.approx(consumed * SEQ / seconds, rel=1e-5)
     # gigaflos accumulate 6 x samples x seq x non-embedding params with the ramping batch
     gigaflos = 6 * sum(batches) * SEQ * last["parameters_no_embedding"] / 1e9
     assert last["gigaflos_no_embeds"] == pytest.approx(gigaflos, rel=1e-12)

@@ -57,21 +57,32 @@ def test_padded_vocab():
     assert pad_vocab_size(50304, 128, 1) == 50304
 
 
-def test_disagreement_with_the_formula_names_both_numbers():
-    from megatron.model.analytic import ParameterCounts, analytic_parameter_counts
-    from megatron.utils import parameter_count_mismatches
-    shape = ModelShape(**SEED_MODEL, vocab_size=50304, pipeline_model_parallel_size=2)
-    expected = analytic_parameter_counts(shape)
-    assert parameter_count_mismatches(expected, shape) == []
-    # the PP bug of the seed discussion: the tied embedding counted on the last stage too
-    components = dict(expected.components, word_embeddings=2 * 25_755_648)
-    first, last = expected.stages
-    wrong = ParameterCounts(components, (first, last._replace(owned=last.owned + 25_755_648)))
-    assert wrong.total == 77_255_680
-    assert parameter_count_mismatches(wrong, shape) == [
-        "word_embeddings: counted 51,511,296, formula 25,755,648",
-        "per-stage owned parameters: counted [38889472, 38366208], formula [38889472, 12610560]",
-    ]
+def _count_without_the_replica_flag():
+    """The seed discussion's PP bug, reproduced on a real PP=2 model: the last stage's copy of the
+    tied embedding counted as if it were owned (DeepSpeed's `ds_pipe_replicated` flag ignored)."""
+    from megatron import mpu
+    from megatron.model.gpt_model import GPTModelPipe
+    from megatron.utils import compute_parameter_counts, parameter_count_mismatches
+    from model_fixtures import tiny_config
+    config = tiny_config(pipeline_model_parallel_size=2)  # 2 layers, hidden 32, vocab 128, seq 16
+    model = GPTModelPipe(config, mpu.get_topology())
+    for p in model.parameters():
+        p.ds_pipe_replicated = False
+    return parameter_count_mismatches(compute_parameter_counts(model, mpu), config.shape)
+
+
+def test_a_measured_disagreement_with_the_formula_names_both_numbers():
+    h, vocab, seq = 32, 128, 16
+    layer = 12 * h * h + 13 * h
+    first_stage = vocab * h + seq * h + layer
+    last_stage = layer + 2 * h
+    for problems in run_distributed(2, _count_without_the_replica_flag, pp=2):
+        assert problems == [
+            f"word_embeddings: counted {2 * vocab * h:,}, formula {vocab * h:,}",
+            f"position_embeddings: counted {2 * seq * h:,}, formula {seq * h:,}",
+            f"per-stage owned parameters: counted [{first_stage}, {last_stage + vocab * h + seq * h}], "
+            f"formula [{first_stage}, {last_stage}]",
+        ]
 
 
 def _count_with_a_shared_tensor():

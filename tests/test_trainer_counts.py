@@ -40,6 +40,9 @@ LAYOUTS = {  # name: (ranks, tp, pp, extra flags)
     "tp2_pp2": (4, 2, 2, []),
     "tp2_dp2_no_pipeline": (4, 2, 1, ["--no-pipeline-parallel"]),
     "tp1_pp1_dp2": (2, 1, 1, []),
+    # ZeRO-2 and ZeRO-3 need the plain-module engine; ZeRO-3 partitions the parameters over DP
+    "zero2_dp2_no_pipeline": (2, 1, 1, ["--no-pipeline-parallel", "--zero-stage", 2]),
+    "zero3_dp2_no_pipeline": (2, 1, 1, ["--no-pipeline-parallel", "--zero-stage", 3]),
 }
 
 
@@ -64,6 +67,12 @@ def test_exact_count_on_every_rank(layout, tmp_path):
         assert r["count_calls"] == 1
         assert r["log_calls"] == ITERS
         assert r["collectives_in_log"] == 0 and r["parameter_walks_in_log"] == 0
+        zero_stage = int(extra[extra.index("--zero-stage") + 1]) if "--zero-stage" in extra else 0
+        assert r["zero_stage"] == zero_stage, f"rank {rank}"
+        if zero_stage == 3:  # the engine holds this rank's shard only, yet the count is the whole model
+            assert total / ranks <= r["engine_local_numel"] < total, f"rank {rank}"
+        elif tp == pp == 1:
+            assert r["engine_local_numel"] == total, f"rank {rank}"
         if "--no-pipeline-parallel" not in extra and r["ds_unique"] is not None:
             # DeepSpeed dedups the tied embedding but sums TP replicas of replicated parameters
             assert r["ds_unique"] - total == (tp - 1) * tp_replicated(tp), f"rank {rank}"

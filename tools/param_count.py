@@ -13,11 +13,12 @@ No torch, no GPU; unknown flags are ignored, so a launch script's whole flag lis
 import argparse
 import json
 import os
+import sys
 
 from megatron import arguments
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.memory import TrainingSetup, format_memory_report
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ConfigError, ModelShape, require
 from megatron.utils import format_parameter_report
 
 
@@ -30,21 +31,20 @@ def parse_args(argv=None):
     p.add_argument("--world-size", "--num-gpus", dest="world_size", type=int, default=None,
                    help="ranks in the job (default TP x PP: DP = 1); sets the data-parallel size for the memory table")
     args, _ = p.parse_known_args(argv)
-    if (args.vocab_size is None) == (args.vocab_file is None):
-        p.error("give exactly one of --vocab-size or --vocab-file")
+    # the trainer's own checks (megatron/arguments.py, ModelShape), for the flags parsed here
+    arguments.validate_flag_values(args)
+    if args.rampup_batch_size:
+        arguments.validate_rampup(args)
+    require((args.vocab_size is None) != (args.vocab_file is None), "give exactly one of --vocab-size or --vocab-file")
     if args.vocab_file is not None:
-        if not os.path.isfile(args.vocab_file):
-            p.error(f"--vocab-file {args.vocab_file}: no such file")
+        require(os.path.isfile(args.vocab_file), f"--vocab-file {args.vocab_file}: no such file")
         try:
             with open(args.vocab_file, encoding="utf-8") as f:
                 args.vocab_size = len(json.load(f))
         except (ValueError, UnicodeDecodeError) as e:
-            p.error(f"--vocab-file {args.vocab_file}: not a GPT-2 vocab.json ({e})")
-    try:
-        args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
-        args.memory_setup = _training_setup(args)
-    except ConfigError as e:
-        p.error(str(e))
+            raise ConfigError(f"--vocab-file {args.vocab_file}: not a GPT-2 vocab.json ({e})") from None
+    args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
+    args.memory_setup = _training_setup(args)
     return args
 
 
@@ -81,7 +81,12 @@ def report(args):
 
 
 def main(argv=None):
-    print("\n".join(report(parse_args(argv))))
+    try:
+        args = parse_args(argv)
+    except ConfigError as e:  # one line naming the flag, as pretrain_gpt.py prints it
+        print(f"param_count.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print("\n".join(report(args)))
 
 
 if __name__ == "__main__":

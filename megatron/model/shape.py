@@ -15,6 +15,22 @@ def require(cond, message):
         raise ConfigError(message)
 
 
+# the value rules of single flags, one wording for the trainer, tools/param_count.py and the shape
+def require_positive(flag, value):
+    """Sizes, counts and intervals: None (not given) or > 0."""
+    require(value is None or value > 0, f"{flag} {value} must be positive")
+
+
+def require_non_negative(flag, value):
+    require(value is None or value >= 0, f"{flag} {value} must be >= 0")
+
+
+def require_fraction(flag, value, below_one=False):
+    """A probability or fraction: in [0, 1] (or [0, 1) where 1 breaks the math, as for Adam's betas)."""
+    ok = value is None or (0 <= value < 1 if below_one else 0 <= value <= 1)
+    require(ok, f"{flag} {value} must be in [0, {'1)' if below_one else '1]'}")
+
+
 def pad_vocab_size(orig_vocab_size, make_vocab_size_divisible_by, tensor_model_parallel_size):
     """Megatron pads the vocab so that each TP rank's slice is a multiple of the divisor."""
     multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
@@ -109,12 +125,9 @@ class ModelShape:
     def _validate(self):
         for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "ffn_hidden_size",
                       "max_position_embeddings", "make_vocab_size_divisible_by", "num_key_value_heads",
-                      "kv_channels"):
-            value = getattr(self, field)
-            require(value > 0, f"{_flag(field)} {value} must be a positive integer")
-        require(self.vocab_size is None or self.vocab_size > 0, f"--vocab-size {self.vocab_size} must be positive")
+                      "kv_channels", "vocab_size", "tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            require_positive(_flag(field), getattr(self, field))
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
-        require(tp >= 1 and pp >= 1, "--tensor-model-parallel-size and --pipeline-model-parallel-size must be >= 1")
         require(self.num_attention_heads % tp == 0,
                 f"--num-attention-heads {self.num_attention_heads} is not divisible by "
                 f"--tensor-model-parallel-size {tp}: use a TP size that divides the head count")

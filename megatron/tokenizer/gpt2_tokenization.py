@@ -40,9 +40,9 @@ def read_vocab(vocab_file):
         try:
             encoder = json.load(f)
         except ValueError as e:
-            raise ValueError(f"{vocab_file}: not valid JSON ({e}); expected a GPT-2 vocab.json") from None
+            raise ValueError(f"--vocab-file {vocab_file}: not valid JSON ({e}); expected a GPT-2 vocab.json") from None
     if not isinstance(encoder, dict):
-        raise ValueError(f"{vocab_file}: expected a JSON object mapping tokens to ids (GPT-2 vocab.json format)")
+        raise ValueError(f"--vocab-file {vocab_file}: expected a JSON object mapping tokens to ids (GPT-2 vocab.json format)")
     return encoder
 
 
@@ -56,7 +56,7 @@ def read_merges(merges_file):
                 continue
             pair = line.split()
             if len(pair) != 2:
-                raise ValueError(f"{merges_file} line {line_number}: expected two space-separated symbols, got {line.rstrip()!r}")
+                raise ValueError(f"--merge-file {merges_file} line {line_number}: expected two space-separated symbols, got {line.rstrip()!r}")
             merges.append(tuple(pair))
     return merges
 
@@ -81,11 +81,11 @@ class GPT2Tokenizer:
         # KeyError in the middle of a preprocessing run.
         for symbol in bytes_to_unicode().values():
             if symbol not in self.encoder:
-                raise ValueError(f"{vocab_file}: byte symbol {symbol!r} missing; not a byte-level GPT-2 vocab")
+                raise ValueError(f"--vocab-file {vocab_file}: byte symbol {symbol!r} missing; not a byte-level GPT-2 vocab")
         for first, second in merges:
             if first + second not in self.encoder:
                 raise ValueError(
-                    f"{merges_file} does not match {vocab_file}: merge {first!r} {second!r} makes "
+                    f"--merge-file {merges_file} does not match --vocab-file {vocab_file}: merge {first!r} {second!r} makes "
                     f"{first + second!r}, which is not in the vocab; pass the merges file trained with this vocab"
                 )
 
