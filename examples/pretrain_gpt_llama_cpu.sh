@@ -1,41 +1,18 @@
 #!/usr/bin/env bash
-# A tiny LLaMA-style model on the bundled corpus, TP=2 x PP=2 on 4 CPU ranks (gloo, fp32):
-# rotary positions (no learned table), SwiGLU MLP (ffn size: the Microsoft fork's --swiglu
-# default, int(8h/3/64)*64 = 320 for h 128), RMSNorm, grouped-query attention (8 query heads
-# sharing 2 key/value heads; each TP rank holds 1 kv head and its 4 query heads), an untied
-# output layer and no linear biases. The flags are the Microsoft Megatron-DeepSpeed fork's.
+# A tiny LLaMA-style model on the bundled corpus, TP=2 x PP=2 on 4 CPU ranks (gloo, fp32): the
+# quickstart (pretrain_gpt_tiny_cpu.sh) with the variant's flags, which are the Microsoft
+# Megatron-DeepSpeed fork's: rotary positions (no learned table), SwiGLU MLP (ffn size: the fork's
+# --swiglu default, int(8h/3/64)*64 = 320 for h 128), RMSNorm, grouped-query attention (8 query
+# heads sharing 2 key/value heads; each TP rank holds 1 kv head and its 4 query heads), an untied
+# output layer and no linear biases. Later flags win, so these override the quickstart's.
 #   bash examples/pretrain_gpt_llama_cpu.sh                 # iterations 1..40, saves at 20 and 40
 #   TRAIN_ITERS=60 bash examples/pretrain_gpt_llama_cpu.sh  # loads iteration 40, trains to 60
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-DATA=data/corpus_text_document
-VOCAB=data/gpt2-vocab.json
-MERGES=data/gpt2-merges.txt
-CHECKPOINT_PATH=${CHECKPOINT_PATH:-checkpoints/gpt_llama_tiny}
-TENSORBOARD_PATH=${TENSORBOARD_PATH:-output_dir/tensorboard_llama}
-TRAIN_ITERS=${TRAIN_ITERS:-40}
-
-if [ ! -f "$DATA.idx" ]; then  # written last by preprocess_data.py: present means complete
-  python tools/preprocess_data.py --input data/corpus.jsonl --output-prefix data/corpus \
-    --vocab-file "$VOCAB" --merge-file "$MERGES" --append-eod --workers 2
-fi
-
-export DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
-deepspeed --num_gpus 4 --master_port "${MASTER_PORT:-29500}" pretrain_gpt.py \
-  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
-  --num-layers 4 --hidden-size 128 --num-attention-heads 8 --num-key-value-heads 2 \
-  --seq-length 128 --max-position-embeddings 128 \
+export CHECKPOINT_PATH=${CHECKPOINT_PATH:-checkpoints/gpt_llama_tiny}
+export TENSORBOARD_PATH=${TENSORBOARD_PATH:-output_dir/tensorboard_llama}
+exec bash examples/pretrain_gpt_tiny_cpu.sh \
+  --num-attention-heads 8 --num-key-value-heads 2 \
   --use-rotary-position-embeddings --no-position-embedding --swiglu --normalization rmsnorm \
   --untie-embeddings-and-output-weights --disable-bias-linear \
-  --micro-batch-size 4 --global-batch-size 16 --train-iters "$TRAIN_ITERS" \
-  --optimizer adam --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 \
-  --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters 4 --lr-decay-iters 100 \
-  --clip-grad 1.0 --weight-decay 0.1 --seed 42 \
-  --data-path "$DATA" --vocab-file "$VOCAB" --merge-file "$MERGES" --split 949,50,1 \
-  --log-interval 5 --eval-interval 20 --eval-iters 2 \
-  --save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --save-interval 20 \
-  --tensorboard-dir "$TENSORBOARD_PATH" --log-timers-to-tensorboard --log-batch-size-to-tensorboard \
-  --log-validation-ppl-to-tensorboard \
-  --deepspeed --deepspeed_config examples/ds_config_tiny_cpu.json \
   "$@"
