@@ -30,8 +30,14 @@ def _tag(iteration):
     return f"global_step{iteration}"
 
 
+# an MoE model's files also depend on how its experts are laid out (one file per expert and TP rank)
+MOE_LAYOUT_KEYS = ("num_experts", "expert_interval", "topk", "mlp_type", "moe_expert_parallel_size",
+                   "enable_expert_tensor_parallelism")
+
+
 def _layout(args):
-    return {key: getattr(args, key) for key in LAYOUT_KEYS}
+    keys = LAYOUT_KEYS + (MOE_LAYOUT_KEYS if args.model_shape.is_moe else ())
+    return {key: getattr(args, key) for key in keys}
 
 
 def _write_atomic(path, text):
@@ -101,7 +107,7 @@ def check_layout(load_dir, iteration, args):
     ours = _layout(args)
     if saved != ours:
         differ = ", ".join(f"{k}: saved {saved.get(k)} vs now {ours[k]}"
-                           for k in LAYOUT_KEYS if saved.get(k) != ours[k])
+                           for k in sorted(set(saved) | set(ours)) if saved.get(k) != ours.get(k))
         raise ConfigError(f"--load {load_dir}: checkpoint layout differs from this run ({differ}); "
                           f"launch with the saved layout")
 

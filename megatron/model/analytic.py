@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import NamedTuple
 
-COMPONENTS = ("word_embeddings", "position_embeddings", "attention", "mlp", "layernorm")
+COMPONENTS = ("word_embeddings", "position_embeddings", "attention", "mlp", "layernorm", "experts", "router")
+MOE_COMPONENTS = ("experts", "router")  # printed only for MoE models
 # Kaplan et al.: "excluding all vocabulary and positional embeddings"
 EMBEDDING_COMPONENTS = ("word_embeddings", "position_embeddings")
 
@@ -54,11 +55,96 @@ def _transformer_layer_specs(shape, layer):
     ])
 
 
+def _transformer_layer_or_moe_specs(shape, layer):
+    return moe_layer_specs(shape, layer, _transformer_layer_specs(shape, layer))
+
+
+# --- mixture of experts ------------------------------------------------------------------------
+# An MoE layer's MLP slot holds DeepSpeed's MoE module (megatron/model/moe.py), with its names:
+# the router `deepspeed_moe.gate.wg` (h -> E, no bias), E experts, each the dense layer's MLP
+# (TP-split with --enable-expert-tensor-parallelism, otherwise whole on every TP rank), and, for
+# PR-MoE (--mlp-type residual), that MLP once more as `mlp.` plus the mixing coefficient
+# `coefficient` (h -> 2, with bias). The table lists every expert once, by its global index; EP
+# rank r holds experts [r E/EP, (r+1) E/EP) under local indices 0 .. E/EP - 1.
+
+EXPERT_PREFIX = "mlp.deepspeed_moe.experts.deepspeed_experts."
+
+
+def _dense_mlp_specs(shape):
+    """The dense MLP's specs (keys without the `mlp.` prefix): what an expert is made of."""
+    return [spec._replace(key=spec.key[len("mlp."):]) for spec in _transformer_layer_specs(shape, 0)
+            if spec.component == "mlp"]
+
+
+def _expert_specs(shape, layer, prefix, component):
+    tp = shape.enable_expert_tensor_parallelism
+    return [spec._replace(layer=layer, key=prefix + spec.key, component=component,
+                          partition_dim=spec.partition_dim if tp else None) for spec in _dense_mlp_specs(shape)]
+
+
+def moe_layer_specs(shape, layer, dense_specs):
+    """The layer's specs with its MLP replaced by an MoE when `layer` is an MoE layer."""
+    num_experts = shape.experts_per_layer()[layer - 1]
+    if num_experts == 1:
+        return dense_specs
+    h = shape.hidden_size
+    specs = [spec for spec in dense_specs if spec.component != "mlp"]
+    specs.append(ParamSpec(layer, "mlp.deepspeed_moe.gate.wg.weight", "router", (num_experts, h)))
+    for e in range(num_experts):
+        specs += _expert_specs(shape, layer, f"{EXPERT_PREFIX}{e}.", "experts")
+    if shape.mlp_type == "residual":
+        specs += _expert_specs(shape, layer, "mlp.mlp.", "mlp")
+        specs += [ParamSpec(layer, "mlp.coefficient.weight", "router", (2, h)),
+                  ParamSpec(layer, "mlp.coefficient.bias", "router", (2,))]
+    return specs
+
+
+def expert_parameters(shape):
+    """Parameters of one expert (every expert has the dense MLP's shape)."""
+    return sum(prod(spec.shape) for spec in _dense_mlp_specs(shape))
+
+
+def expert_index(spec):
+    """Global expert index of an `experts` spec."""
+    return int(spec.key[len(EXPERT_PREFIX):].split(".")[0])
+
+
+def held_by_expert_parallel_rank(shape, spec, ep_rank):
+    """Whether EP rank `ep_rank` holds `spec` (every non-expert parameter, and its own experts)."""
+    if spec.component != "experts":
+        return True
+    per_rank = shape.experts_per_layer()[spec.layer - 1] // shape.moe_expert_parallel_size
+    return expert_index(spec) // per_rank == ep_rank
+
+
+def active_expert_parameters(shape):
+    """Expert parameters one token passes through: top-k experts in every MoE layer."""
+    return sum(shape.topk * expert_parameters(shape) for e in shape.experts_per_layer() if e > 1)
+
+
+def experts_per_expert_parallel_rank(shape):
+    """(experts, expert parameters) that each EP rank holds, all MoE layers together (over its TP
+    ranks together when the experts are TP-split)."""
+    experts = sum(e // shape.moe_expert_parallel_size for e in shape.experts_per_layer() if e > 1)
+    return experts, experts * expert_parameters(shape)
+
+
+def moe_layer_forward_flops(shape):
+    """Forward FLOPs of one MoE layer's MLP slot per sample, dispatch / combine excluded (they
+    move tokens, they compute nothing of the model): the top-k experts' MLPs 4shf each, the
+    router 2shE, and with PR-MoE the dense MLP 4shf and its coefficient 2sh2."""
+    s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    mlp = 2 * s * sum(prod(spec.shape) for spec in _dense_mlp_specs(shape) if len(spec.shape) == 2)  # 4shf
+    residual = mlp + 2 * s * h * 2 if shape.mlp_type == "residual" else 0
+    return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else 4 * s * h * f
+            for e in shape.experts_per_layer()]
+
+
 def parameter_table(shape):
     """Every parameter of the model once (the tied output layer is the word embedding)."""
     specs = _embedding_specs(shape, 0)
     for i in range(shape.num_layers):
-        specs += _transformer_layer_specs(shape, i + 1)
+        specs += _transformer_layer_or_moe_specs(shape, i + 1)
     return specs + _layernorm_specs(shape.num_layers + 1, "", shape.hidden_size)
 
 
@@ -76,10 +162,11 @@ def stage_of_layer(shape, layer):
 
 
 def stage_parameters(shape, stage):
-    """[(spec, owned)] that each TP rank of `stage` holds. With PP > 1 the last stage holds a copy
-    of the whole embedding module for the tied output layer (DeepSpeed's TiedLayerSpec); the
-    first stage owns it."""
-    held = [(spec, True) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage]
+    """[(spec, owned)] that each TP rank of `stage` holds (of an MoE model: at EP rank 0). With
+    PP > 1 the last stage holds a copy of the whole embedding module for the tied output layer
+    (DeepSpeed's TiedLayerSpec); the first stage owns it."""
+    held = [(spec, True) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage
+            and held_by_expert_parallel_rank(shape, spec, 0)]
     if shape.pipeline_model_parallel_size > 1 and stage == shape.pipeline_model_parallel_size - 1:
         held += [(spec, False) for spec in _embedding_specs(shape, shape.num_layers + 2)]
     return held
@@ -87,15 +174,17 @@ def stage_parameters(shape, stage):
 
 class StageCount(NamedTuple):
     layers: int  # transformer layers
-    held: int    # elements held by the stage's TP rank 0 (what DeepSpeed logs as STAGE_PARAMS)
-    owned: int   # elements owned by the stage, all TP ranks together
+    held: int    # elements held by the stage's TP rank 0 (what DeepSpeed logs as STAGE_PARAMS); MoE: at EP rank 0
+    owned: int   # elements owned by the stage, all TP (and EP) ranks together
 
 
 @dataclass(frozen=True)
 class ParameterCounts:
-    """The model's exact size: per component and per pipeline stage."""
+    """The model's exact size: per component and per pipeline stage. `experts_active`: the
+    expert parameters a token passes through (top-k per MoE layer; 0 for a dense model)."""
     components: dict
     stages: tuple
+    experts_active: int = 0
 
     @property
     def total(self):
@@ -104,6 +193,16 @@ class ParameterCounts:
     @property
     def no_embedding(self):
         return self.total - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
+
+    @property
+    def active(self):
+        """Parameters per token: everything but the experts, plus the top-k experts of each MoE
+        layer (routers and PR-MoE's dense MLP included). Equals `total` for a dense model."""
+        return self.total - self.components["experts"] + self.experts_active
+
+    @property
+    def active_no_embedding(self):
+        return self.active - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
 
 
 def analytic_parameter_counts(shape):
@@ -114,9 +213,10 @@ def analytic_parameter_counts(shape):
     stages = []
     for stage, layers in enumerate(shape.layers_per_stage()):
         held = stage_parameters(shape, stage)
-        stages.append(StageCount(layers, sum(spec.local_numel(tp) for spec, _ in held),
-                                 sum(prod(spec.shape) for spec, owned in held if owned)))
-    return ParameterCounts(components, tuple(stages))
+        # owned: every parameter of the stage once (the table's), all TP and EP ranks together
+        owned = sum(prod(spec.shape) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage)
+        stages.append(StageCount(layers, sum(spec.local_numel(tp) for spec, _ in held), owned))
+    return ParameterCounts(components, tuple(stages), active_expert_parameters(shape))
 
 
 # --- FLOPs -----------------------------------------------------------------------------------
@@ -127,13 +227,16 @@ def flops_per_sample(shape, checkpoint_activations):
     2 x 2s^2h, output projection 2sh^2, MLP 4shf. Backward costs twice the forward; activation
     recomputation adds one more forward (factor 4 instead of 3). The logit layer 2shV is never
     recomputed (factor 3). Elementwise work (LayerNorm, GeLU, softmax, biases) is ignored and
-    causal attention is counted as dense, as the kernels compute it."""
-    s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
-    layer_forward = 8 * s * h * h + 4 * s * s * h + 4 * s * h * f
+    causal attention is counted as dense, as the kernels compute it. MoE layers count their
+    MLP slot as `moe_layer_forward_flops` says (top-k experts, router)."""
+    s, h = shape.seq_length, shape.hidden_size
+    attention_forward = 8 * s * h * h + 4 * s * s * h
     factor = 4 if checkpoint_activations else 3
-    return factor * shape.num_layers * layer_forward + 3 * 2 * s * h * shape.padded_vocab_size
+    layers_forward = sum(attention_forward + mlp for mlp in moe_layer_forward_flops(shape))
+    return factor * layers_forward + 3 * 2 * s * h * shape.padded_vocab_size
 
 
 def gigaflos_no_embeds(samples, seq_length, parameters_no_embedding):
-    """Kaplan et al.'s compute C = 6 N D, N without embeddings, D tokens; in 1e9 units."""
+    """Kaplan et al.'s compute C = 6 N D, N without embeddings, D tokens; in 1e9 units. For MoE,
+    N is the active count (parameters a token passes through), as the trainer passes it."""
     return 6 * samples * seq_length * parameters_no_embedding / 1e9

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .moe import MoEOptions
 from .shape import ModelShape
 
 
@@ -21,6 +22,7 @@ class GPTConfig:
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1
     attention_impl: str = "sdpa"  # "math" spells attention out as matmuls (FLOP-countable)
+    moe: MoEOptions = MoEOptions()  # capacity, loss coefficient, ... of the MoE layers (if any)
 
     @classmethod
     def from_args(cls, args):
@@ -28,7 +30,8 @@ class GPTConfig:
                    attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
                    checkpoint_activations=args.checkpoint_activations,
-                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl)
+                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl,
+                   moe=MoEOptions.from_args(args))
 
     def init_method(self):
         std = self.init_method_std

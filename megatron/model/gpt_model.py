@@ -13,6 +13,7 @@ from torch import nn
 from megatron import mpu
 from .language_model import Embedding, lm_loss, parallel_lm_logits
 from .layer_norm import LayerNorm
+from .moe import add_moe_loss
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe
 
 
@@ -41,7 +42,7 @@ class GPTModel(nn.Module):
         logits = parallel_lm_logits(self.language_model(tokens), self.word_embeddings_weight())
         if labels is None:
             return logits  # [s, b, V/tp]
-        return lm_loss(logits, labels, loss_mask)
+        return add_moe_loss(lm_loss(logits, labels, loss_mask))  # MoE: backward adds the aux loss
 
 
 class EmbeddingPipe(Embedding):

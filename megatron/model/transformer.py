@@ -9,6 +9,7 @@ from torch import nn
 from megatron import mpu
 from megatron.mpu.layers import divide
 from .layer_norm import LayerNorm
+from .moe import build_mlp
 
 
 class ParallelMLP(nn.Module):
@@ -75,7 +76,7 @@ class ParallelTransformerLayer(nn.Module):
         self.input_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.self_attention = ParallelAttention(config)
         self.post_attention_layernorm = LayerNorm(config.shape.hidden_size, eps=config.layernorm_epsilon)
-        self.mlp = ParallelMLP(config)
+        self.mlp = build_mlp(config, layer_number)  # ParallelMLP, or DeepSpeed's MoE in an MoE layer
 
     def forward(self, hidden_states):
         # hidden states are replicated across TP ranks: default RNG, identical masks
