@@ -274,11 +274,13 @@ def moe_report_lines(counts, shape):
     experts, params = experts_per_expert_parallel_rank(shape)
     ep = shape.moe_expert_parallel_size
     split = "TP-split" if shape.enable_expert_tensor_parallelism else "whole on each TP rank"
+    moe = [e for e in shape.experts_per_layer() if e > 1]
+    layers = f"{len(moe)} MoE layers of {moe[0]} experts" if len(set(moe)) == 1 else f"MoE layers of {moe} experts"
     return [
         f"estimated active model parameters: {counts.active / 1e9}",
         f"estimated active model parameters without embeddings: {counts.active_no_embedding / 1e9}",
         f"active parameters per token (exact): {counts.active:,}, {counts.active_no_embedding:,} without "
-        f"embeddings (top-{shape.topk} of experts {shape.experts_per_layer()})",
+        f"embeddings (top-{shape.topk}, {layers}{', PR-MoE' if shape.mlp_type == 'residual' else ''})",
         f"experts per EP rank (EP={ep}): {experts} experts, {params:,} expert parameters ({split}); "
         f"expert parameters in all: {counts.components['experts']:,}",
     ]

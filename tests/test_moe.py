@@ -123,7 +123,7 @@ def test_count_at_tp2_ep1_and_ep2_every_expert_once():
 
 
 def test_table_names_the_experts_by_global_index():
-    shape = ModelShape(**SHAPE, num_layers=4, num_experts=(2, 8), expert_interval=2)
+    shape = ModelShape(**dict(SHAPE, num_layers=4, num_experts=(2, 8), expert_interval=2))
     assert shape.experts_per_layer() == [1, 2, 1, 8]
     keys = [spec.key for spec in parameter_table(shape) if spec.layer == 4 and spec.component == "experts"]
     assert keys[0] == EXPERT_PREFIX + "0.dense_h_to_4h.weight" and keys[-1] == EXPERT_PREFIX + "7.dense_4h_to_h.bias"
@@ -138,3 +138,52 @@ def test_table_names_the_experts_by_global_index():
 def test_bad_moe_shapes(overrides, flag):
     with pytest.raises(ConfigError, match=flag):
         ModelShape(**SHAPE, **overrides)
+
+
+def _validated(extra, world_size):
+    from megatron.arguments import parse_args, validate_args
+    base = ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 32,
+            "--micro-batch-size", 2, "--train-iters", 10, "--lr", "1e-3", "--mock-data", "--vocab-size", 600,
+            "--num-experts", 4]
+    return validate_args(parse_args(args_list=[str(x) for x in base + extra]), world_size=world_size,
+                         cuda_available=False)
+
+
+@pytest.mark.parametrize("extra, world_size, message", [
+    ([], 1, "--num-experts > 1 needs --no-pipeline-parallel"),
+    (["--no-pipeline-parallel", "--moe-expert-parallel-size", 4], 2,
+     "--moe-expert-parallel-size 4 does not divide the data-parallel size 2"),
+    (["--no-pipeline-parallel", "--tensor-model-parallel-size", 2], 2, "needs CUDA ranks"),
+    (["--no-pipeline-parallel", "--zero-stage", 1], 1, "ZeRO stage 1 with MoE needs --create-moe-param-group"),
+])
+def test_bad_moe_flags_fail_early(extra, world_size, message):
+    with pytest.raises(ConfigError, match=message):
+        _validated(extra, world_size)
+
+
+def test_fork_flag_spellings_and_defaults():
+    args = _validated(["--no-pipeline-parallel", "--moe-expert-parallel-size", 2, "--disable-moe-token-dropping",
+                       "--create-moe-param-group", "--mlp-type", "residual"], 2)
+    assert (args.expert_interval, args.topk, args.moe_loss_coeff, args.moe_min_capacity) == (2, 1, 0.1, 4)
+    assert (args.moe_train_capacity_factor, args.moe_eval_capacity_factor) == (1.0, 1.0)
+    assert args.moe_token_dropping is False and args.moe_top2_2nd_expert_sampling is True
+    assert args.model_shape.experts_per_layer() == [1, 4] and args.model_shape.mlp_type == "residual"
+
+
+def test_param_count_tool_prints_total_active_and_per_ep_rank():
+    import subprocess
+    import sys
+    # DeepSpeed-MoE's 350M+MoE-128: 24 layers, hidden 1024, an MoE layer every other layer
+    flags = ["--num-layers", 24, "--hidden-size", 1024, "--num-attention-heads", 16, "--seq-length", 2048,
+             "--vocab-size", 50257, "--num-experts", 128, "--moe-expert-parallel-size", 8]
+    out = subprocess.run([sys.executable, "tools/param_count.py", *map(str, flags)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    h, expert = 1024, 8 * 1024 * 1024 + 5 * 1024
+    dense_no_embedding = 24 * (12 * h * h + 13 * h) + 2 * h
+    embeddings = 50304 * h + 2048 * h
+    total = dense_no_embedding - 12 * expert + 12 * (128 * expert + 128 * h) + embeddings
+    active = dense_no_embedding + 12 * 128 * h + embeddings  # one expert per token replaces the MLP
+    assert f"parameters: {total:,}\n" in out and total == 13_149_534_208
+    assert f"active parameters: {active:,}\n" in out
+    assert f"active parameters without embeddings: {active - embeddings:,}\n" in out
+    assert f"experts per EP rank (EP=8): {12 * 16} experts, {12 * 16 * expert:,} expert parameters" in out

@@ -21,7 +21,7 @@ from megatron.utils import format_parameter_report
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     for add in (arguments._add_network_size_args, arguments._add_distributed_args, arguments._add_training_args,
-                arguments._add_data_args):
+                arguments._add_data_args, arguments._add_moe_args):
         add(p)
     args, _ = p.parse_known_args(argv)
     if (args.vocab_size is None) == (args.vocab_file is None):
@@ -47,6 +47,8 @@ def report(args):
     lines = [
         f"parameters: {counts.total:,}",
         f"parameters without embeddings: {counts.no_embedding:,}",
+    ] + ([f"active parameters: {counts.active:,}",
+          f"active parameters without embeddings: {counts.active_no_embedding:,}"] if shape.is_moe else []) + [
         f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, multiple of "
         f"{shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})",
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations)
