@@ -129,15 +129,15 @@ def experts_per_expert_parallel_rank(shape):
     return experts, experts * expert_parameters(shape)
 
 
-def moe_layer_forward_flops(shape):
-    """Forward FLOPs of one MoE layer's MLP slot per sample, dispatch / combine excluded (they
-    move tokens, they compute nothing of the model): the top-k experts' MLPs 4shf each, the
-    router 2shE, and with PR-MoE the dense MLP 4shf and its coefficient 2sh2."""
-    s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+def mlp_forward_flops(shape):
+    """Forward FLOPs of each layer's MLP slot per sample: the dense MLP (2s x its weight matrices,
+    4shf) or, in an MoE layer, the top-k experts' MLPs, the router 2shE and with PR-MoE the dense
+    MLP and its coefficient 2sh2. Dispatch / combine are excluded: they move tokens (and an
+    expert's unused capacity slots compute nothing of the model)."""
+    s, h = shape.seq_length, shape.hidden_size
     mlp = 2 * s * sum(prod(spec.shape) for spec in _dense_mlp_specs(shape) if len(spec.shape) == 2)  # 4shf
     residual = mlp + 2 * s * h * 2 if shape.mlp_type == "residual" else 0
-    return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else 4 * s * h * f
-            for e in shape.experts_per_layer()]
+    return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else mlp for e in shape.experts_per_layer()]
 
 
 def parameter_table(shape):
@@ -228,11 +228,11 @@ def flops_per_sample(shape, checkpoint_activations):
     recomputation adds one more forward (factor 4 instead of 3). The logit layer 2shV is never
     recomputed (factor 3). Elementwise work (LayerNorm, GeLU, softmax, biases) is ignored and
     causal attention is counted as dense, as the kernels compute it. MoE layers count their
-    MLP slot as `moe_layer_forward_flops` says (top-k experts, router)."""
+    MLP slot as `mlp_forward_flops` says (top-k experts, router)."""
     s, h = shape.seq_length, shape.hidden_size
     attention_forward = 8 * s * h * h + 4 * s * s * h
     factor = 4 if checkpoint_activations else 3
-    layers_forward = sum(attention_forward + mlp for mlp in moe_layer_forward_flops(shape))
+    layers_forward = sum(attention_forward + mlp for mlp in mlp_forward_flops(shape))
     return factor * layers_forward + 3 * 2 * s * h * shape.padded_vocab_size
 
 
