@@ -7,10 +7,12 @@ from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
 from megatron.model.config import GPTConfig
 from megatron.model.gpt_model import GPTModel, GPTModelPipe
+from megatron.model.moe import create_expert_groups
 
 
 def model_provider(args):
     config = GPTConfig.from_args(args)
+    create_expert_groups(args.model_shape)  # MoE: DeepSpeed's expert groups, before the experts are built
     if args.ds_pipeline_enabled:
         return GPTModelPipe(config, topology=mpu.get_topology(), seed=args.seed)
     return GPTModel(config, seed=args.seed)

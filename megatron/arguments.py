@@ -2,6 +2,7 @@
 unchanged, and ALL validation in one place, run on every rank before any heavy work."""
 import argparse
 import json
+import math
 import os
 
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
@@ -19,7 +20,7 @@ def build_parser(extra_args_provider=None):
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                 _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
-                _add_zero_args):
+                _add_zero_args, _add_moe_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
@@ -201,6 +202,32 @@ def _add_activation_checkpoint_args(parser):
     g.add_argument("--profile-backward", action="store_true")
 
 
+def _add_moe_args(parser):
+    """Megatron-DeepSpeed's DeepSpeed-MoE flags, same spellings and defaults."""
+    g = parser.add_argument_group("mixture of experts")
+    g.add_argument("--num-experts", type=int, nargs="+", default=[1],
+                   help="experts per MoE layer: one value, or one per MoE layer (1 = dense)")
+    g.add_argument("--expert-interval", type=int, default=2,
+                   help="layer l (1-based) is an MoE layer when l is a multiple of this")
+    g.add_argument("--topk", type=int, default=1, help="experts per token (top-k gating)")
+    g.add_argument("--moe-expert-parallel-size", type=int, default=1,
+                   help="expert-parallel ranks a layer's experts are spread over (divides the DP size)")
+    g.add_argument("--mlp-type", type=str, default="standard", choices=["standard", "residual"],
+                   help="residual: PR-MoE, a dense MLP next to the experts")
+    g.add_argument("--moe-train-capacity-factor", type=float, default=1.0)
+    g.add_argument("--moe-eval-capacity-factor", type=float, default=1.0)
+    g.add_argument("--moe-min-capacity", type=int, default=4)
+    g.add_argument("--moe-loss-coeff", type=float, default=0.1, help="weight of the load-balancing loss")
+    g.add_argument("--disable-moe-token-dropping", action="store_false", dest="moe_token_dropping",
+                   help="no capacity limit: every token reaches its experts")
+    g.add_argument("--disable-moe-top2-2nd-expert-sampling", action="store_false",
+                   dest="moe_top2_2nd_expert_sampling", help="top-2: argmax for the 2nd expert instead of sampling")
+    g.add_argument("--create-moe-param-group", action="store_true",
+                   help="separate optimizer parameter groups for the experts (needed by ZeRO)")
+    g.add_argument("--enable-expert-tensor-parallelism", action="store_true",
+                   help="split the experts over the TP ranks (default: whole experts, tokens split)")
+
+
 def _add_zero_args(parser):
     g = parser.add_argument_group("ZeRO")
     g.add_argument("--zero-stage", type=int, default=None, help="overrides the ds_config's stage")
@@ -306,6 +333,7 @@ def validate_args(args, world_size=None, cuda_available=None):
     _require(args.peak_tflops is None or args.peak_tflops > 0,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
+    _validate_moe(args, cuda_available)
     _validate_batch_sizes(args)
     _validate_training_length(args)
     _validate_precision(args, cuda_available)
@@ -320,6 +348,35 @@ def validate_args(args, world_size=None, cuda_available=None):
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
     return args
+
+
+def _validate_moe(args, cuda_available):
+    """What the shape cannot know: the engine, the backend, the DP size, the tokens per micro-batch."""
+    shape = args.model_shape
+    if not shape.is_moe:
+        return
+    _require(args.no_pipeline_parallel,
+             "--num-experts > 1 needs --no-pipeline-parallel (and --pipeline-model-parallel-size 1), as in "
+             "Megatron-DeepSpeed: MoE layers run on DeepSpeed's non-pipeline engine")
+    ep, dp = shape.moe_expert_parallel_size, args.data_parallel_size
+    _require(dp % ep == 0, f"--moe-expert-parallel-size {ep} does not divide the data-parallel size {dp}: "
+                           f"launch a multiple of {ep} x TP x PP ranks or lower EP")
+    tp = args.tensor_model_parallel_size
+    _require(tp == 1 or (cuda_available and args.distributed_backend in (None, "nccl")),
+             f"--num-experts > 1 with --tensor-model-parallel-size {tp} needs CUDA ranks (nccl): DeepSpeed's MoE "
+             f"gathers tokens over TP with all_gather_into_tensor into a flat buffer, which gloo refuses; "
+             f"on CPU use --tensor-model-parallel-size 1")
+    if tp > 1 and args.moe_token_dropping:
+        # DeepSpeed splits each expert's capacity over the TP ranks
+        tokens = args.micro_batch_size * args.seq_length
+        for flag, factor in (("--moe-train-capacity-factor", args.moe_train_capacity_factor),
+                             ("--moe-eval-capacity-factor", args.moe_eval_capacity_factor)):
+            for e in set(shape.experts_per_layer()) - {1}:
+                capacity = max(math.ceil(tokens / e * factor * shape.topk), args.moe_min_capacity)
+                _require(capacity % tp == 0,
+                         f"{flag} {factor}: expert capacity {capacity} ({tokens} tokens, {e} experts, top-"
+                         f"{shape.topk}) is not divisible by --tensor-model-parallel-size {tp}; change it or "
+                         f"--moe-min-capacity, or pass --disable-moe-token-dropping")
 
 
 def _validate_batch_sizes(args):
@@ -432,6 +489,9 @@ def _apply_deepspeed_config(args):
     if args.optimizer == "sgd" and args.zero_stage > 0:
         # DeepSpeed's ZeRO refuses optimizers outside its tested list unless told; --optimizer sgd is explicit
         config.setdefault("zero_allow_untested_optimizer", True)
+    _require(not (args.model_shape.is_moe and args.zero_stage > 0 and not args.create_moe_param_group),
+             f"ZeRO stage {args.zero_stage} with MoE needs --create-moe-param-group (the experts' own optimizer "
+             f"parameter groups)")
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")

@@ -32,9 +32,16 @@ def _tag(iteration):
     return f"global_step{iteration}"
 
 
+# an MoE model's files also depend on how its experts are laid out (one file per expert and TP rank)
+MOE_LAYOUT_KEYS = ("num_experts", "expert_interval", "topk", "mlp_type", "moe_expert_parallel_size",
+                   "enable_expert_tensor_parallelism")
+
+
 def _layout(args):
-    # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases)
-    return {**{key: getattr(args, key) for key in LAYOUT_KEYS}, **args.model_shape.variant()}
+    # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases) and,
+    # for an MoE model only (dense checkpoints are unchanged), its experts
+    keys = LAYOUT_KEYS + (MOE_LAYOUT_KEYS if args.model_shape.is_moe else ())
+    return {**{key: getattr(args, key) for key in keys}, **args.model_shape.variant()}
 
 
 def _write_atomic(path, text):

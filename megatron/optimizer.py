@@ -9,22 +9,27 @@ import torch
 import torch.distributed as dist
 
 from megatron import mpu
-from megatron.utils import is_owned_parameter
+from megatron.utils import is_owned_parameter, moe_parameter_owner
 
 
 def build_optimizer(model, args):
     """Biases and LayerNorm gains (the 1-D parameters) get no weight decay."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"name": "decay", "params": decay, "weight_decay": args.weight_decay},
+              {"name": "no_decay", "params": no_decay, "weight_decay": 0.0}]
+    if getattr(args, "create_moe_param_group", False):
+        # the experts in groups of their own, marked `moe` (DeepSpeed's ZeRO / bf16 optimizers need it)
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.sgd_momentum)
     else:
         optimizer = _adam(groups, args)
     if uses_own_clipping(args):
+        moe_owner = moe_parameter_owner(model, mpu)  # MoE: each expert once, summed over every rank
         install_gradient_clipping(optimizer, args.clip_grad, mpu.get_tensor_model_parallel_rank(),
-                                  mpu.get_model_parallel_group())
+                                  mpu.get_model_parallel_group() if moe_owner is None else None, owned=moe_owner)
     return optimizer
 
 
@@ -44,10 +49,13 @@ def uses_own_clipping(args):
     return not (args.fp16 or args.bf16) and args.zero_stage == 0
 
 
-def global_grad_norm(params, tp_rank, model_parallel_group):
-    """L2 norm of the whole model's gradient: each gradient counted once over TP x PP."""
-    squares = [p.grad.detach().float().norm() ** 2 for p in params
-               if p.grad is not None and is_owned_parameter(p, tp_rank)]
+def global_grad_norm(params, tp_rank, model_parallel_group, owned=None):
+    """L2 norm of the whole model's gradient: each gradient counted once over TP x PP (with
+    `owned`, an MoE model's rule, over `model_parallel_group` None = every rank)."""
+    if owned is None:
+        def owned(p):
+            return is_owned_parameter(p, tp_rank)
+    squares = [p.grad.detach().float().norm() ** 2 for p in params if p.grad is not None and owned(p)]
     total = torch.stack(squares).sum() if squares else torch.zeros(())
     if dist.is_initialized():
         total = total.to(torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu")
@@ -55,11 +63,11 @@ def global_grad_norm(params, tp_rank, model_parallel_group):
     return total.sqrt()
 
 
-def install_gradient_clipping(optimizer, max_norm, tp_rank, model_parallel_group):
+def install_gradient_clipping(optimizer, max_norm, tp_rank, model_parallel_group, owned=None):
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def clip(opt, args, kwargs):
-        norm = global_grad_norm(params, tp_rank, model_parallel_group)
+        norm = global_grad_norm(params, tp_rank, model_parallel_group, owned)
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
             for p in params:

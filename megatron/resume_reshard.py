@@ -40,6 +40,9 @@ def plan_reshard(load_dir, iteration, saved, ours, args):
         raise ConfigError(f"{where}: the checkpoint's model shape differs from this run's ({', '.join(differ)}); "
                           f"launch with the saved shape")
     source = Checkpoint(load_dir, iteration)
+    if args.model_shape.is_moe:  # DeepSpeed writes experts per EP rank; resharding them is not built
+        raise ConfigError(f"{where}: resuming a mixture-of-experts checkpoint ({source.describe()}) at "
+                          f"{_describe(args)} is not supported; resume at the saved layout")
     precision = [flag for flag, on in (("--fp16", args.fp16), ("--bf16", args.bf16),
                                        (f"--zero-stage {args.zero_stage}", args.zero_stage != 0)) if on]
     if precision:

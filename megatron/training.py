@@ -18,6 +18,7 @@ from megatron.learning_rates import AnnealingLR
 from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import gigaflos_no_embeds
+from megatron.model.moe import pop_moe_loss
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
@@ -91,7 +92,7 @@ def setup_model_and_optimizer(model_provider, args):
         config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                            mpu=None if args.ds_pipeline_enabled else mpu)
-    if args.data_parallel_size == 1 and uses_own_clipping(args):
+    if args.data_parallel_size == 1 and uses_own_clipping(args) and not args.model_shape.is_moe:
         # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
         # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
         engine.enable_backward_allreduce = False             # DeepSpeedEngine.backward
@@ -175,7 +176,8 @@ def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
         progress.skipped_iterations += 1
     progress.iteration += 1
     progress.consumed_train_samples += gbs
-    progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, args.seq_length, args.parameters_no_embedding)
+    # C = 6 N D with N the parameters a token passes through (the active ones of an MoE model)
+    progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, args.seq_length, args.parameters_active_no_embedding)
     calculator.update(progress.consumed_train_samples)
     if calculator.get_current_global_batch_size() != gbs:
         steps.engine.set_train_batch_size(calculator.get_current_global_batch_size())
@@ -227,7 +229,7 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
         timers("interval-time").start()
         loss, gbs = train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
         timers("interval-time").stop()
-        stats.add(loss, gbs, steps.engine.was_step_applied())
+        stats.add(loss, gbs, steps.engine.was_step_applied(), moe_loss=pop_moe_loss())
         finish_memory_probe(args)  # once, after the first iteration: measured vs predicted memory
 
         if progress.iteration % args.log_interval == 0:

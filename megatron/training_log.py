@@ -43,6 +43,9 @@ def log_model_size(args, report_lines):
     writer = _writer()
     writer.add_scalar("model/parameters", args.parameters, 0)
     writer.add_scalar("model/parameters without embeddings", args.parameters_no_embedding, 0)
+    if args.model_shape.is_moe:  # the parameters a token passes through (top-k experts)
+        writer.add_scalar("model/parameters active", args.parameters_active, 0)
+        writer.add_scalar("model/parameters active without embeddings", args.parameters_active_no_embedding, 0)
     # indented: TensorBoard renders text as markdown, and a code block keeps the table's columns
     writer.add_text("model/parameters (exact)", "\n".join("    " + line for line in report_lines), 0)
 
@@ -55,13 +58,16 @@ class IntervalStats:
     samples: int = 0
     applied: int = 0
     loss: object = 0.0  # a tensor sum once a loss was added: no host sync until we log
+    moe_loss: object = None  # MoE models: the load-balancing loss, summed like `loss`
 
-    def add(self, loss, samples, applied):
+    def add(self, loss, samples, applied, moe_loss=None):
         self.iterations += 1
         self.samples += samples
         if applied:
             self.applied += 1
             self.loss = self.loss + loss
+            if moe_loss is not None:
+                self.moe_loss = moe_loss if self.moe_loss is None else self.moe_loss + moe_loss
 
     @property
     def skipped(self):
@@ -69,6 +75,9 @@ class IntervalStats:
 
     def mean_loss(self):
         return float(self.loss) / max(1, self.applied)
+
+    def mean_moe_loss(self):
+        return None if self.moe_loss is None else float(self.moe_loss) / max(1, self.applied)
 
 
 def throughput(samples, elapsed, args):
@@ -90,6 +99,9 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     if args.log_batch_size_to_tensorboard:
         _write_group(writer, "batch-size/batch-size", global_batch_size, progress, args, axes=("iteration", "samples"))
     _write_group(writer, "lm-loss-training/lm loss", loss, progress, args)
+    moe_loss = stats.mean_moe_loss()
+    if moe_loss is not None:
+        _write_group(writer, "lm-loss-training/moe loss", moe_loss, progress, args)
     if loss_scale is not None:
         writer.add_scalar("loss-scale/loss-scale", loss_scale, it)
     if grad_norm is not None:
@@ -110,6 +122,8 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
             f" learning rate: {lr:.3E} |"
             f" global batch size: {global_batch_size:5d} |"
             f" lm loss: {loss:.6E} |")
+    if moe_loss is not None:
+        line += f" moe loss: {moe_loss:.6E} |"
     if loss_scale is not None:
         line += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:

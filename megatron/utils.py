@@ -18,8 +18,8 @@ DP replicas hold the same parameters and are not summed.
 The analytic side (the same numbers from the shape alone) lives in megatron/model/analytic.py.
 torch is imported lazily: tools/param_count.py uses this module's report without it.
 """
-from megatron.model.analytic import (COMPONENTS, ParameterCounts, StageCount, analytic_parameter_counts,
-                                     flops_per_sample)
+from megatron.model.analytic import (COMPONENTS, ParameterCounts, StageCount,
+                                     analytic_parameter_counts, experts_per_expert_parallel_rank, flops_per_sample)
 
 
 def _component_of_parameters(model):
@@ -54,6 +54,7 @@ def _component_of_parameters(model):
             if getattr(module, name) is not None:
                 for p in getattr(module, name).parameters():
                     component[id(p)] = name
+    component.update(_moe_component_of_parameters(model))  # MoE: experts, router, PR-MoE's MLP
     return component
 
 
@@ -95,6 +96,9 @@ def compute_parameter_counts(model, mpu):
     import torch
     import torch.distributed as dist
 
+    if _moe_layers(model):
+        return compute_moe_parameter_counts(model, mpu)
+
     tp_rank = mpu.get_tensor_model_parallel_rank()
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
     owned, local, layers = count_local_parameters(model, tp_rank)
@@ -114,6 +118,107 @@ def compute_parameter_counts(model, mpu):
                            tuple(StageCount(*stages[3 * s: 3 * s + 3]) for s in range(num_stages)))
 
 
+# --- mixture of experts ---------------------------------------------------------------------------
+# Expert parameters (DeepSpeed tags them `allreduce = False`) are replicated over the
+# expert-data-parallel (EDP) group, not over DP: EP rank r of a layer holds experts
+# [r E/EP, (r+1) E/EP) and the EDP group holds copies of those. Counted once each: an expert
+# parameter counts on EDP rank 0 (and, when the experts are TP-split, as any TP parameter: split
+# ones on every TP rank, replicated ones on TP rank 0); every other parameter counts on DP rank 0
+# under the dense rule. The sum runs over all ranks (the EP ranks of a layer sit in different DP
+# replicas, and without expert TP also in different TP ranks), in one int64 all-reduce.
+
+def _moe_layers(model):
+    from deepspeed.moe.layer import MoE
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def _moe_component_of_parameters(model):
+    component = {}
+    for layer in _moe_layers(model):
+        for p in layer.deepspeed_moe.experts.parameters():
+            component[id(p)] = "experts"
+        for p in layer.deepspeed_moe.gate.parameters():
+            component[id(p)] = "router"
+        if layer.use_residual:
+            component.update((id(p), "mlp") for p in layer.mlp.parameters())
+            component.update((id(p), "router") for p in layer.coefficient.parameters())
+    return component
+
+
+def moe_parameter_owner(model, mpu):
+    """owned(param) for an MoE model on this rank (the rule above); None for a dense model."""
+    from deepspeed.moe.utils import is_moe_param
+    from deepspeed.utils import groups
+
+    layers = _moe_layers(model)
+    if not layers:
+        return None
+    tp_rank, dp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()
+    expert_tp = layers[0].enable_expert_tensor_parallelism
+    edp_rank = {layer.expert_group_name: groups._get_expert_data_parallel_rank(layer.expert_group_name)
+                for layer in layers}
+
+    def owned(param):
+        if is_moe_param(param):
+            tp_owned = not expert_tp or tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
+            return edp_rank[param.group_name] == 0 and tp_owned
+        return dp_rank == 0 and is_owned_parameter(param, tp_rank)
+    return owned
+
+
+def compute_moe_parameter_counts(model, mpu):
+    """compute_parameter_counts for a model with MoE layers: the same ParameterCounts plus the
+    active expert parameters (per MoE layer, its experts' total / E x top-k, measured)."""
+    import torch
+    import torch.distributed as dist
+    from deepspeed.moe.layer import MoE
+    from megatron.model.transformer import ParallelTransformerLayer
+
+    owned_fn = moe_parameter_owner(model, mpu)
+    tp_rank, dp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()
+    stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
+    component = _component_of_parameters(model)
+    layers = [m for m in model.modules() if isinstance(m, ParallelTransformerLayer)]
+    num_layers = max(layer.layer_number for layer in layers)
+    owned = dict.fromkeys(COMPONENTS, 0)
+    experts_by_layer = [0] * num_layers
+    local = 0
+    for layer in layers:
+        if isinstance(layer.mlp, MoE):
+            experts = layer.mlp.deepspeed_moe.experts.parameters()
+            experts_by_layer[layer.layer_number - 1] = sum(_numel(p) for p in experts if owned_fn(p))
+    for p in model.parameters():
+        local += _numel(p)
+        if not owned_fn(p):
+            continue
+        if id(p) not in component:
+            raise RuntimeError(f"parameter of shape {tuple(p.shape)} belongs to no known component")
+        owned[component[id(p)]] += _numel(p)
+
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    n = len(COMPONENTS)
+    buf = torch.zeros(n + 3 * num_stages + num_layers, dtype=torch.int64, device=device)
+    buf[:n] = torch.tensor([owned[c] for c in COMPONENTS])
+    slot = n + 3 * stage
+    if tp_rank == 0 and dp_rank == 0:  # what DeepSpeed's STAGE_PARAMS would say on TP rank 0, EP rank 0
+        buf[slot], buf[slot + 1] = len(layers), local
+    buf[slot + 2] = sum(owned.values())
+    buf[n + 3 * num_stages:] = torch.tensor(experts_by_layer)
+    if dist.is_initialized():
+        dist.all_reduce(buf)  # every rank: TP x PP x EP and the (expert-)data-parallel replicas
+    values = buf.tolist()
+    stages = values[n:n + 3 * num_stages]
+    experts_active = 0
+    for layer in layers:
+        if isinstance(layer.mlp, MoE):
+            total = values[n + 3 * num_stages + layer.layer_number - 1]
+            per_expert, rest = divmod(total, layer.mlp.num_experts)
+            assert rest == 0, f"layer {layer.layer_number}: experts of unequal size"
+            experts_active += layer.mlp.deepspeed_moe.gate.k * per_expert
+    return ParameterCounts(dict(zip(COMPONENTS, values[:n])),
+                           tuple(StageCount(*stages[3 * s: 3 * s + 3]) for s in range(num_stages)), experts_active)
+
+
 def cache_parameter_counts(args, counts):
     """The names users and scripts read: args.parameters, args.parameters_no_embedding, the
     *_in_billions floats, and the FLOPs per sample that follow from the same shape."""
@@ -124,6 +229,11 @@ def cache_parameter_counts(args, counts):
     args.parameters_no_embedding = counts.no_embedding
     args.parameters_in_billions = args.parameters / 1e9
     args.parameters_in_billions_no_embedding = args.parameters_no_embedding / 1e9
+    # MoE: parameters per token (top-k experts); equal to the totals for a dense model
+    args.parameters_active = counts.active
+    args.parameters_active_no_embedding = counts.active_no_embedding
+    args.parameters_active_in_billions = args.parameters_active / 1e9
+    args.parameters_active_in_billions_no_embedding = args.parameters_active_no_embedding / 1e9
     args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations)
     return args
 
@@ -137,6 +247,9 @@ def parameter_count_mismatches(measured, shape):
         ours, theirs = ([getattr(s, field) for s in c.stages] for c in (measured, expected))
         if ours != theirs:
             problems.append(f"per-stage {field} parameters: counted {ours}, formula {theirs}")
+    if measured.experts_active != expected.experts_active:
+        problems.append(f"active expert parameters: counted {measured.experts_active:,}, "
+                        f"formula {expected.experts_active:,}")
     return problems
 
 
@@ -151,6 +264,7 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
         f"model parameters (exact): {counts.total:,} total, {counts.no_embedding:,} without "
         f"embeddings (TP={tp} PP={pp}{dp}, padded vocab {shape.padded_vocab_size})",
         f"architecture: {shape.describe()}",
+    ] + moe_report_lines(counts, shape) + [
         "  stage | layers | params per TP rank 0 | owned params (all TP ranks)",
     ]
     lines += [f"  {stage:5d} | {s.layers:6d} | {s.held:20,} | {s.owned:,}" for stage, s in enumerate(counts.stages)]
@@ -160,3 +274,22 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
     lines.append(f"FLOPs per sample (model, fwd+bwd{', recompute' if checkpoint_activations else ''}): "
                  f"{flops_per_sample(shape, checkpoint_activations):,}")
     return lines
+
+
+def moe_report_lines(counts, shape):
+    """The active count (what a token passes through) and each EP rank's share of the experts."""
+    if not shape.is_moe:
+        return []
+    experts, params = experts_per_expert_parallel_rank(shape)
+    ep = shape.moe_expert_parallel_size
+    split = "TP-split" if shape.enable_expert_tensor_parallelism else "whole on each TP rank"
+    moe = [e for e in shape.experts_per_layer() if e > 1]
+    layers = f"{len(moe)} MoE layers of {moe[0]} experts" if len(set(moe)) == 1 else f"MoE layers of {moe} experts"
+    return [
+        f"estimated active model parameters: {counts.active / 1e9}",
+        f"estimated active model parameters without embeddings: {counts.active_no_embedding / 1e9}",
+        f"active parameters per token (exact): {counts.active:,}, {counts.active_no_embedding:,} without "
+        f"embeddings (top-{shape.topk}, {layers}{', PR-MoE' if shape.mlp_type == 'residual' else ''})",
+        f"experts per EP rank (EP={ep}): {experts} experts, {params:,} expert parameters ({split}); "
+        f"expert parameters in all: {counts.components['experts']:,}",
+    ]

@@ -117,6 +117,8 @@ def main():
                   parameters_no_embedding=args.parameters_no_embedding,
                   parameters_in_billions=args.parameters_in_billions,
                   parameters_in_billions_no_embedding=args.parameters_in_billions_no_embedding,
+                  parameters_active=args.parameters_active,
+                  parameters_active_no_embedding=args.parameters_active_no_embedding,
                   components=args.parameter_components, stages=args.parameter_stages,
                   flops_per_sample=args.flops_per_sample, padded_vocab_size=args.padded_vocab_size,
                   iteration=progress.iteration, gigaflos_no_embeds=progress.gigaflos_no_embeds,

@@ -34,3 +34,18 @@ def test_seed_launch_script_prints_the_exact_52m_count(tmp_path):
     assert "estimated model parameters: 0.051565568\n" in out
     assert "estimated model parameters without embeddings: 0.025220096\n" in out
     assert "exiting program at iteration 1" in out
+
+
+def test_moe_example_prints_total_and_active_and_saves_experts_per_ep_rank(tmp_path):
+    out = run_example("pretrain_gpt_moe_cpu.sh", tmp_path, "--log-interval", "1", "--save-interval", "2",
+                      "--eval-interval", "2", TRAIN_ITERS=2)
+    # 4 layers, h 128, vocab 8192, seq 128; layers 2 and 4 hold 4 experts each (top-2)
+    h, expert = 128, 8 * 128 * 128 + 5 * 128
+    total = 4 * (12 * h * h + 13 * h) + 2 * h + (8192 + 128) * h + 2 * (3 * expert + 4 * h)
+    active = total - 2 * 2 * expert
+    assert f"estimated model parameters: {total / 1e9}\n" in out
+    assert f"estimated active model parameters: {active / 1e9}\n" in out
+    assert " moe loss: " in out and " iteration        2/       2 |" in out
+    saved = os.listdir(tmp_path / "ckpt" / "global_step2")
+    assert {f"layer_{m}_expert_{e}_mp_rank_00_model_states.pt" for m in range(2) for e in range(4)} <= set(saved)
+    assert {"expp_rank_0_mp_rank_00_optim_states.pt", "expp_rank_1_mp_rank_00_optim_states.pt"} <= set(saved)

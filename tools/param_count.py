@@ -26,7 +26,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     for add in (arguments._add_network_size_args, arguments._add_distributed_args, arguments._add_training_args,
                 arguments._add_data_args, arguments._add_mixed_precision_args, arguments._add_zero_args,
-                arguments._add_regularization_args):
+                arguments._add_regularization_args, arguments._add_moe_args):
         add(p)
     p.add_argument("--world-size", "--num-gpus", dest="world_size", type=int, default=None,
                    help="ranks in the job (default TP x PP: DP = 1); sets the data-parallel size for the memory table")
@@ -71,6 +71,8 @@ def report(args):
     lines = [
         f"parameters: {counts.total:,}",
         f"parameters without embeddings: {counts.no_embedding:,}",
+    ] + ([f"active parameters: {counts.active:,}",
+          f"active parameters without embeddings: {counts.active_no_embedding:,}"] if shape.is_moe else []) + [
         f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, multiple of "
         f"{shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})",
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations)

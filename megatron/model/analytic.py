@@ -10,7 +10,7 @@ from math import prod
 from typing import NamedTuple
 
 COMPONENTS = ("word_embeddings", "position_embeddings", "embedding_layernorm", "attention", "mlp", "layernorm",
-              "output_layer")
+              "output_layer", "experts", "router")
 # Kaplan et al.: "excluding all vocabulary and positional embeddings" -- the untied output layer is
 # the vocabulary projection, so tied and untied variants of one model share one N; norms stay in N
 EMBEDDING_COMPONENTS = ("word_embeddings", "position_embeddings", "output_layer")
@@ -78,11 +78,96 @@ def _output_layer_specs(shape, layer):
     return [ParamSpec(layer, "weight", "output_layer", (shape.padded_vocab_size, shape.hidden_size), 0)]
 
 
+def _transformer_layer_or_moe_specs(shape, layer):
+    return moe_layer_specs(shape, layer, _transformer_layer_specs(shape, layer))
+
+
+# --- mixture of experts ------------------------------------------------------------------------
+# An MoE layer's MLP slot holds DeepSpeed's MoE module (megatron/model/moe.py), with its names:
+# the router `deepspeed_moe.gate.wg` (h -> E, no bias), E experts, each the dense layer's MLP
+# (TP-split with --enable-expert-tensor-parallelism, otherwise whole on every TP rank), and, for
+# PR-MoE (--mlp-type residual), that MLP once more as `mlp.` plus the mixing coefficient
+# `coefficient` (h -> 2, with bias). The table lists every expert once, by its global index; EP
+# rank r holds experts [r E/EP, (r+1) E/EP) under local indices 0 .. E/EP - 1.
+
+EXPERT_PREFIX = "mlp.deepspeed_moe.experts.deepspeed_experts."
+
+
+def _dense_mlp_specs(shape):
+    """The dense MLP's specs (keys without the `mlp.` prefix): what an expert is made of."""
+    return [spec._replace(key=spec.key[len("mlp."):]) for spec in _transformer_layer_specs(shape, 0)
+            if spec.component == "mlp"]
+
+
+def _expert_specs(shape, layer, prefix, component):
+    tp = shape.enable_expert_tensor_parallelism
+    return [spec._replace(layer=layer, key=prefix + spec.key, component=component,
+                          partition_dim=spec.partition_dim if tp else None) for spec in _dense_mlp_specs(shape)]
+
+
+def moe_layer_specs(shape, layer, dense_specs):
+    """The layer's specs with its MLP replaced by an MoE when `layer` is an MoE layer."""
+    num_experts = shape.experts_per_layer()[layer - 1]
+    if num_experts == 1:
+        return dense_specs
+    h = shape.hidden_size
+    specs = [spec for spec in dense_specs if spec.component != "mlp"]
+    specs.append(ParamSpec(layer, "mlp.deepspeed_moe.gate.wg.weight", "router", (num_experts, h)))
+    for e in range(num_experts):
+        specs += _expert_specs(shape, layer, f"{EXPERT_PREFIX}{e}.", "experts")
+    if shape.mlp_type == "residual":
+        specs += _expert_specs(shape, layer, "mlp.mlp.", "mlp")
+        specs += [ParamSpec(layer, "mlp.coefficient.weight", "router", (2, h)),
+                  ParamSpec(layer, "mlp.coefficient.bias", "router", (2,))]
+    return specs
+
+
+def expert_parameters(shape):
+    """Parameters of one expert (every expert has the dense MLP's shape)."""
+    return sum(prod(spec.shape) for spec in _dense_mlp_specs(shape))
+
+
+def expert_index(spec):
+    """Global expert index of an `experts` spec."""
+    return int(spec.key[len(EXPERT_PREFIX):].split(".")[0])
+
+
+def held_by_expert_parallel_rank(shape, spec, ep_rank):
+    """Whether EP rank `ep_rank` holds `spec` (every non-expert parameter, and its own experts)."""
+    if spec.component != "experts":
+        return True
+    per_rank = shape.experts_per_layer()[spec.layer - 1] // shape.moe_expert_parallel_size
+    return expert_index(spec) // per_rank == ep_rank
+
+
+def active_expert_parameters(shape):
+    """Expert parameters one token passes through: top-k experts in every MoE layer."""
+    return sum(shape.topk * expert_parameters(shape) for e in shape.experts_per_layer() if e > 1)
+
+
+def experts_per_expert_parallel_rank(shape):
+    """(experts, expert parameters) that each EP rank holds, all MoE layers together (over its TP
+    ranks together when the experts are TP-split)."""
+    experts = sum(e // shape.moe_expert_parallel_size for e in shape.experts_per_layer() if e > 1)
+    return experts, experts * expert_parameters(shape)
+
+
+def mlp_forward_flops(shape):
+    """Forward FLOPs of each layer's MLP slot per sample: the dense MLP (2s x its weight matrices,
+    4shf) or, in an MoE layer, the top-k experts' MLPs, the router 2shE and with PR-MoE the dense
+    MLP and its coefficient 2sh2. Dispatch / combine are excluded: they move tokens (and an
+    expert's unused capacity slots compute nothing of the model)."""
+    s, h = shape.seq_length, shape.hidden_size
+    mlp = 2 * s * sum(prod(spec.shape) for spec in _dense_mlp_specs(shape) if len(spec.shape) == 2)  # 4shf
+    residual = mlp + 2 * s * h * 2 if shape.mlp_type == "residual" else 0
+    return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else mlp for e in shape.experts_per_layer()]
+
+
 def parameter_table(shape):
     """Every parameter of the model once (a tied output layer is the word embedding)."""
     specs = _embedding_specs(shape, 0)
     for i in range(shape.num_layers):
-        specs += _transformer_layer_specs(shape, i + 1)
+        specs += _transformer_layer_or_moe_specs(shape, i + 1)
     specs += _norm_specs(shape.num_layers + 1, "", shape.hidden_size, shape.normalization)
     if not shape.tied:
         specs += _output_layer_specs(shape, shape.num_layers + 2)
@@ -103,10 +188,12 @@ def stage_of_layer(shape, layer):
 
 
 def stage_parameters(shape, stage):
-    """[(spec, owned)] that each TP rank of `stage` holds. With PP > 1 and a tied output layer the
-    last stage holds a copy of the embedding module (DeepSpeed's TiedLayerSpec); the first stage
-    owns it. An untied output layer is the last stage's own: no copy."""
-    held = [(spec, True) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage]
+    """[(spec, owned)] that each TP rank of `stage` holds (of an MoE model: at EP rank 0). With
+    PP > 1 and a tied output layer the last stage holds a copy of the embedding module
+    (DeepSpeed's TiedLayerSpec); the first stage owns it. An untied output layer is the last
+    stage's own: no copy."""
+    held = [(spec, True) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage
+            and held_by_expert_parallel_rank(shape, spec, 0)]
     if shape.tied and shape.pipeline_model_parallel_size > 1 and stage == shape.pipeline_model_parallel_size - 1:
         held += [(spec, False) for spec in _embedding_specs(shape, shape.num_layers + 2, first_stage=False)]
     return held
@@ -114,15 +201,17 @@ def stage_parameters(shape, stage):
 
 class StageCount(NamedTuple):
     layers: int  # transformer layers
-    held: int    # elements held by the stage's TP rank 0 (what DeepSpeed logs as STAGE_PARAMS)
-    owned: int   # elements owned by the stage, all TP ranks together
+    held: int    # elements held by the stage's TP rank 0 (what DeepSpeed logs as STAGE_PARAMS); MoE: at EP rank 0
+    owned: int   # elements owned by the stage, all TP (and EP) ranks together
 
 
 @dataclass(frozen=True)
 class ParameterCounts:
-    """The model's exact size: per component and per pipeline stage."""
+    """The model's exact size: per component and per pipeline stage. `experts_active`: the
+    expert parameters a token passes through (top-k per MoE layer; 0 for a dense model)."""
     components: dict
     stages: tuple
+    experts_active: int = 0
 
     @property
     def total(self):
@@ -131,6 +220,16 @@ class ParameterCounts:
     @property
     def no_embedding(self):
         return self.total - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
+
+    @property
+    def active(self):
+        """Parameters per token: everything but the experts, plus the top-k experts of each MoE
+        layer (routers and PR-MoE's dense MLP included). Equals `total` for a dense model."""
+        return self.total - self.components["experts"] + self.experts_active
+
+    @property
+    def active_no_embedding(self):
+        return self.active - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
 
 
 def analytic_parameter_counts(shape):
@@ -141,9 +240,10 @@ def analytic_parameter_counts(shape):
     stages = []
     for stage, layers in enumerate(shape.layers_per_stage()):
         held = stage_parameters(shape, stage)
-        stages.append(StageCount(layers, sum(spec.local_numel(tp) for spec, _ in held),
-                                 sum(prod(spec.shape) for spec, owned in held if owned)))
-    return ParameterCounts(components, tuple(stages))
+        # owned: every parameter of the stage once (the table's), all TP and EP ranks together
+        owned = sum(prod(spec.shape) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage)
+        stages.append(StageCount(layers, sum(spec.local_numel(tp) for spec, _ in held), owned))
+    return ParameterCounts(components, tuple(stages), active_expert_parameters(shape))
 
 
 # --- FLOPs -----------------------------------------------------------------------------------
@@ -152,21 +252,23 @@ def flops_per_sample(shape, checkpoint_activations):
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
     generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
     layer, forward: QKV 2sh(ad + 2gd), attention scores and context 2 x 2s^2 ad, output
-    projection 2s ad h, MLP 4shf (6shf with a GLU: dense_h_to_4h yields 2f). Backward costs twice
-    the forward; activation recomputation adds one more forward (factor 4 instead of 3). The
-    logit layer 2shV, tied or not, is never recomputed (factor 3). Elementwise work (norms,
-    activations, softmax, biases, rotary, ALiBi) is ignored and causal attention is counted as
-    dense, as the kernels compute it."""
-    s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    projection 2s ad h, MLP 4shf (6shf with a GLU: dense_h_to_4h yields 2f; an MoE layer's MLP
+    slot as `mlp_forward_flops` says: top-k experts, router). Backward costs twice the forward;
+    activation recomputation adds one more forward (factor 4 instead of 3). The logit layer 2shV,
+    tied or not, is never recomputed (factor 3). Elementwise work (norms, activations, softmax,
+    biases, rotary, ALiBi) is ignored and causal attention is counted as dense, as the kernels
+    compute it."""
+    s, h = shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     qkv = 2 * s * h * (a * d + 2 * g * d)
     attention = 4 * s * s * a * d
     projection = 2 * s * a * d * h
-    mlp = (6 if shape.glu else 4) * s * h * f
     factor = 4 if checkpoint_activations else 3
-    return factor * shape.num_layers * (qkv + attention + projection + mlp) + 3 * 2 * s * h * shape.padded_vocab_size
+    layers_forward = sum(qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape))
+    return factor * layers_forward + 3 * 2 * s * h * shape.padded_vocab_size
 
 
 def gigaflos_no_embeds(samples, seq_length, parameters_no_embedding):
-    """Kaplan et al.'s compute C = 6 N D, N without embeddings, D tokens; in 1e9 units."""
+    """Kaplan et al.'s compute C = 6 N D, N without embeddings, D tokens; in 1e9 units. For MoE,
+    N is the active count (parameters a token passes through), as the trainer passes it."""
     return 6 * samples * seq_length * parameters_no_embedding / 1e9

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .moe import MoEOptions
 from .shape import ModelShape
 
 
@@ -22,6 +23,7 @@ class GPTConfig:
     checkpoint_num_layers: int = 1
     attention_impl: str = "sdpa"  # "math" spells attention out as matmuls (FLOP-countable)
     rope_theta: float = 10000.0   # rotary base (--rotary-position-embeddings-theta)
+    moe: MoEOptions = MoEOptions()  # capacity, loss coefficient, ... of the MoE layers (if any)
 
     @classmethod
     def from_args(cls, args):
@@ -30,7 +32,7 @@ class GPTConfig:
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
                    checkpoint_activations=args.checkpoint_activations,
                    checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl,
-                   rope_theta=args.rope_theta)
+                   rope_theta=args.rope_theta, moe=MoEOptions.from_args(args))
 
     def init_method(self):
         std = self.init_method_std

@@ -14,6 +14,7 @@ from torch import nn
 from megatron import mpu
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
+from .moe import add_moe_loss
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe
 
 
@@ -51,7 +52,7 @@ class GPTModel(nn.Module):
         logits = parallel_lm_logits(self.language_model(tokens), self.output_weight())
         if labels is None:
             return logits  # [s, b, V/tp]
-        return lm_loss(logits, labels, loss_mask)
+        return add_moe_loss(lm_loss(logits, labels, loss_mask))  # MoE: backward adds the aux loss
 
 
 class EmbeddingPipe(Embedding):

@@ -45,6 +45,13 @@ def partition_layers(num_layers, num_stages):
     return [base + (1 if stage < extra else 0) for stage in range(num_stages)]
 
 
+def moe_fields_from_args(args):
+    """The MoE flags (megatron/arguments.py: _add_moe_args); absent ones keep the dense defaults."""
+    names = ("num_experts", "expert_interval", "topk", "moe_expert_parallel_size", "mlp_type",
+             "enable_expert_tensor_parallelism")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
 def _flag(field):
     return "--" + field.replace("_", "-")
 
@@ -85,11 +92,18 @@ class ModelShape:
     num_key_value_heads: int = None            # default num_attention_heads (MHA); 1: MQA
     kv_channels: int = None                    # head dim; default hidden size / heads
     untie_embeddings_and_output_weights: bool = False
+    # --- mixture of experts (DeepSpeed-MoE, Megatron-DeepSpeed's flags); defaults: dense ---
+    num_experts: tuple = (1,)            # one value, or one per MoE layer (num_layers // expert_interval)
+    expert_interval: int = 2             # layer l (1-based) is an MoE layer when l % expert_interval == 0
+    topk: int = 1
+    moe_expert_parallel_size: int = 1
+    mlp_type: str = "standard"           # "residual": PR-MoE, a dense MLP next to the experts
+    enable_expert_tensor_parallelism: bool = False
 
     def __post_init__(self):
         for field in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
             require(getattr(self, field) is not None, f"{_flag(field)} is required")
-            require(getattr(self, field) > 0, f"{_flag(field)} {getattr(self, field)} must be a positive integer")
+            require(getattr(self, field) > 0, f"{_flag(field)} {getattr(self, field)} must be positive")
         position = POSITION_EMBEDDING_ALIASES.get(self.position_embedding_type, self.position_embedding_type)
         require(position in POSITION_EMBEDDING_TYPES,
                 f"--position-embedding-type {self.position_embedding_type}: choose absolute, rotary or alibi")
@@ -147,6 +161,39 @@ class ModelShape:
         require(self.seq_length <= self.max_position_embeddings,
                 f"--seq-length {self.seq_length} exceeds --max-position-embeddings "
                 f"{self.max_position_embeddings}: raise --max-position-embeddings or shorten the sequence")
+        self._validate_moe()
+
+    def _validate_moe(self):
+        object.__setattr__(self, "num_experts", tuple(self.num_experts))
+        require(self.expert_interval >= 1, f"--expert-interval {self.expert_interval} must be >= 1")
+        moe_layers = self.num_layers // self.expert_interval
+        require(len(self.num_experts) in (1, moe_layers),
+                f"--num-experts takes one value or one per MoE layer ({moe_layers} with --num-layers "
+                f"{self.num_layers} --expert-interval {self.expert_interval}); got {len(self.num_experts)}")
+        require(all(e >= 1 for e in self.num_experts), f"--num-experts {list(self.num_experts)} must be >= 1")
+        ep = self.moe_expert_parallel_size
+        require(ep >= 1, f"--moe-expert-parallel-size {ep} must be >= 1")
+        require(self.mlp_type in ("standard", "residual"), f"--mlp-type {self.mlp_type}: use standard or residual")
+        require(self.topk >= 1, f"--topk {self.topk} must be >= 1")
+        experts = [e for e in self.experts_per_layer() if e > 1]
+        for e in experts:
+            require(e % ep == 0, f"--num-experts {e} is not divisible by --moe-expert-parallel-size {ep}: "
+                                 f"every expert-parallel rank holds the same number of experts")
+            require(self.topk <= e, f"--topk {self.topk} exceeds --num-experts {e}")
+        require(experts or ep == 1, f"--moe-expert-parallel-size {ep} needs MoE layers (--num-experts > 1)")
+
+    def experts_per_layer(self):
+        """Experts of each transformer layer (1: dense MLP), Megatron-DeepSpeed's rule: layer l
+        (1-based) is an MoE layer when l % expert_interval == 0, and MoE layer j (0-based) takes
+        num_experts[j] (a single value applies to every MoE layer)."""
+        per_moe_layer = self.num_experts * (self.num_layers // self.expert_interval) \
+            if len(self.num_experts) == 1 else self.num_experts
+        return [per_moe_layer[(layer - 1) // self.expert_interval] if layer % self.expert_interval == 0 else 1
+                for layer in range(1, self.num_layers + 1)]
+
+    @property
+    def is_moe(self):
+        return any(e > 1 for e in self.experts_per_layer())
 
     @classmethod
     def from_args(cls, args, vocab_size=None):
@@ -162,7 +209,8 @@ class ModelShape:
                    glu_activation=args.glu_activation, swiglu=args.swiglu, normalization=args.normalization,
                    embed_layernorm=args.embed_layernorm, add_bias_linear=args.add_bias_linear,
                    num_key_value_heads=_num_key_value_heads(args), kv_channels=args.kv_channels,
-                   untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
+                   untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
+                   **moe_fields_from_args(args))
 
     @property
     def padded_vocab_size(self):

@@ -10,6 +10,7 @@ from torch import nn
 from megatron import mpu
 from megatron.mpu.layers import divide
 from .layer_norm import norm_class
+from .moe import build_mlp
 from .positional_embeddings import alibi_causal_bias, alibi_slopes, apply_rotary, rotary_tables
 
 
@@ -132,7 +133,7 @@ class ParallelTransformerLayer(nn.Module):
         self.input_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.self_attention = ParallelAttention(config)
         self.post_attention_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
-        self.mlp = ParallelMLP(config)
+        self.mlp = build_mlp(config, layer_number)  # ParallelMLP, or DeepSpeed's MoE in an MoE layer
 
     def forward(self, hidden_states):
         # hidden states are replicated across TP ranks: default RNG, identical masks

@@ -1,0 +1,189 @@
+"""Mixture of experts, in-process on real gloo ranks: the measured count equals the analytic one
+equals the sum of numel of the TP=1 EP=1 model, every expert counted once across EP ranks, at
+TP in {1, 2} x EP in {1, 2}; the FLOPs formula equals FlopCounterMode on a forward + backward."""
+import pytest
+
+from distributed import run_distributed
+from model_fixtures import SEED, tiny_batch, tiny_config
+from megatron.model.analytic import (EXPERT_PREFIX, analytic_parameter_counts, expert_index, flops_per_sample,
+                                     parameter_table)
+from megatron.model.shape import ConfigError, ModelShape
+
+SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=32)
+BATCH = 2
+
+
+def _build(**overrides):
+    from megatron.model.gpt_model import GPTModel
+    from megatron.model.moe import attach_expert_groups, create_expert_groups
+    config = tiny_config(**dict(SHAPE, **overrides))
+    create_expert_groups(config.shape)
+    model = GPTModel(config, seed=SEED)
+    attach_expert_groups(model)
+    return config, model
+
+
+def _reference_and_flops():
+    """TP=1 EP=1: numel of every parameter by name; FLOPs of a forward + backward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from megatron.model.moe import MoEOptions
+    out = {}
+    _, model = _build(num_experts=(4,), mlp_type="residual")
+    out["numel"] = sum(p.numel() for p in model.parameters())
+    out["names"] = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    # top-2 of 2 experts without token dropping: every token reaches both experts and each
+    # expert's capacity buffer is exactly the tokens (no padding rows), so the matmuls the
+    # experts run are the model FLOPs of top-k routing
+    for mlp_type in ("standard", "residual"):
+        config, model = _build(num_experts=(2,), topk=2, mlp_type=mlp_type, attention_impl="math",
+                               moe=MoEOptions(token_dropping=False))
+        tokens, labels, loss_mask = tiny_batch(config, batch_size=BATCH, seq_length=SHAPE["seq_length"])
+        with FlopCounterMode(display=False) as counter:
+            model(tokens, labels, loss_mask).backward()
+        # the top-2 gate normalises its two gate values with an einsum (a bmm over [tokens, E]):
+        # routing bookkeeping, not a layer of the model; every other bmm is attention's
+        moe = "GPTModel.language_model.encoder.layers.1.mlp.deepspeed_moe"
+        bookkeeping = counter.get_flop_counts()[moe].get(torch.ops.aten.bmm, 0)
+        out[mlp_type] = (counter.get_total_flops(), bookkeeping)
+    return out
+
+
+def test_flops_formula_and_numel_at_tp1_ep1():
+    [out] = run_distributed(1, _reference_and_flops)
+    shape = ModelShape(**SHAPE, num_experts=(4,), mlp_type="residual")
+    assert out["numel"] == analytic_parameter_counts(shape).total
+    table = {spec.key if spec.layer == 2 else None: spec.shape for spec in parameter_table(shape)}
+    for name, size in out["names"].items():  # the table's names are DeepSpeed's module names
+        if ".layers.1." in name:
+            assert table[name.split(".layers.1.")[1]] == size, name
+    for mlp_type in ("standard", "residual"):
+        measured, bookkeeping = out[mlp_type]
+        shape = ModelShape(**SHAPE, num_experts=(2,), topk=2, mlp_type=mlp_type)
+        s, h, f = SHAPE["seq_length"], SHAPE["hidden_size"], 4 * SHAPE["hidden_size"]
+        dense = ModelShape(**SHAPE)
+        # by hand: the dense model, plus in layer 2 one more expert MLP (top-2), the router 2shE
+        # and, for PR-MoE, the dense MLP again plus its coefficient (h -> 2)
+        extra = 4 * s * h * f + 2 * s * h * 2 + (4 * s * h * f + 2 * s * h * 2 if mlp_type == "residual" else 0)
+        assert flops_per_sample(shape, False) == flops_per_sample(dense, False) + 3 * extra
+        assert 0 < bookkeeping <= 8 * BATCH * s * 2  # a few (tokens x E) products, nothing like a layer
+        assert measured - bookkeeping == BATCH * flops_per_sample(shape, False)
+
+
+def _counts_at_tp2(layouts):
+    """Several MoE models on this TP=2 x DP=2 world: (counts, owned global expert indices)."""
+    from megatron import mpu
+    from megatron.utils import compute_parameter_counts, moe_parameter_owner
+    results = []
+    for overrides in layouts:
+        config, model = _build(**overrides)
+        owned = moe_parameter_owner(model, mpu)
+        experts = set()
+        for layer in model.language_model.encoder.layers:
+            moe = layer.mlp
+            if not hasattr(moe, "deepspeed_moe"):
+                continue
+            from megatron.model.moe import mpu_ep_rank_first_expert
+            first = mpu_ep_rank_first_expert(moe)
+            for local, expert in enumerate(moe.deepspeed_moe.experts.deepspeed_experts):
+                for name, p in expert.named_parameters():
+                    if owned(p):
+                        experts.add((layer.layer_number, first + local, name, mpu.get_tensor_model_parallel_rank()))
+        results.append((compute_parameter_counts(model, mpu), experts))
+    return results
+
+
+def test_count_at_tp2_ep1_and_ep2_every_expert_once():
+    layouts = [dict(num_experts=(4,), moe_expert_parallel_size=2, mlp_type="residual", topk=2,
+                    tensor_model_parallel_size=2),
+               dict(num_experts=(4,), moe_expert_parallel_size=1, enable_expert_tensor_parallelism=True,
+                    mlp_type="residual", tensor_model_parallel_size=2)]
+    per_rank = run_distributed(4, _counts_at_tp2, layouts, tp=2)
+    for i, overrides in enumerate(layouts):
+        shape = ModelShape(**dict(SHAPE, **overrides))
+        expected = analytic_parameter_counts(shape)
+        for rank, results in enumerate(per_rank):
+            assert results[i][0] == expected, (overrides, rank)
+        # each (layer, expert, tensor) owned by exactly one rank (by each TP rank when TP-split)
+        owned = [key for results in per_rank for key in results[i][1]]
+        assert len(owned) == len(set(owned))
+        experts = {spec for spec in parameter_table(shape) if spec.component == "experts"}
+        split = shape.enable_expert_tensor_parallelism
+        want = {(spec.layer, expert_index(spec), spec.key[len(EXPERT_PREFIX):].split(".", 1)[1], tp)
+                for spec in experts for tp in (range(2) if split and spec.partition_dim is not None else [0])}
+        got = {(layer, e, name, tp if split else 0) for layer, e, name, tp in owned}
+        assert got == want and len(owned) == len(want)
+    # the active count: everything but the experts, plus top-k experts per MoE layer
+    shape = ModelShape(**dict(SHAPE, **layouts[0]))
+    counts = analytic_parameter_counts(shape)
+    expert = 8 * 64 * 64 + 5 * 64
+    assert counts.components["experts"] == 4 * expert and counts.experts_active == 2 * expert
+    assert counts.active == counts.total - 2 * expert
+    assert counts.active_no_embedding == counts.no_embedding - 2 * expert
+
+
+def test_table_names_the_experts_by_global_index():
+    shape = ModelShape(**dict(SHAPE, num_layers=4, num_experts=(2, 8), expert_interval=2))
+    assert shape.experts_per_layer() == [1, 2, 1, 8]
+    keys = [spec.key for spec in parameter_table(shape) if spec.layer == 4 and spec.component == "experts"]
+    assert keys[0] == EXPERT_PREFIX + "0.dense_h_to_4h.weight" and keys[-1] == EXPERT_PREFIX + "7.dense_4h_to_h.bias"
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    (dict(num_experts=(3,), moe_expert_parallel_size=2), "--num-experts 3 is not divisible"),
+    (dict(num_experts=(2, 2, 2)), "--num-experts takes one value or one per MoE layer"),
+    (dict(num_experts=(2,), topk=3), "--topk 3 exceeds --num-experts 2"),
+    (dict(moe_expert_parallel_size=2), "--moe-expert-parallel-size 2 needs MoE layers"),
+])
+def test_bad_moe_shapes(overrides, flag):
+    with pytest.raises(ConfigError, match=flag):
+        ModelShape(**SHAPE, **overrides)
+
+
+def _validated(extra, world_size):
+    from megatron.arguments import parse_args, validate_args
+    base = ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 32,
+            "--micro-batch-size", 2, "--train-iters", 10, "--lr", "1e-3", "--mock-data", "--vocab-size", 600,
+            "--num-experts", 4]
+    return validate_args(parse_args(args_list=[str(x) for x in base + extra]), world_size=world_size,
+                         cuda_available=False)
+
+
+@pytest.mark.parametrize("extra, world_size, message", [
+    ([], 1, "--num-experts > 1 needs --no-pipeline-parallel"),
+    (["--no-pipeline-parallel", "--moe-expert-parallel-size", 4], 2,
+     "--moe-expert-parallel-size 4 does not divide the data-parallel size 2"),
+    (["--no-pipeline-parallel", "--tensor-model-parallel-size", 2], 2, "needs CUDA ranks"),
+    (["--no-pipeline-parallel", "--zero-stage", 1], 1, "ZeRO stage 1 with MoE needs --create-moe-param-group"),
+])
+def test_bad_moe_flags_fail_early(extra, world_size, message):
+    with pytest.raises(ConfigError, match=message):
+        _validated(extra, world_size)
+
+
+def test_fork_flag_spellings_and_defaults():
+    args = _validated(["--no-pipeline-parallel", "--moe-expert-parallel-size", 2, "--disable-moe-token-dropping",
+                       "--create-moe-param-group", "--mlp-type", "residual"], 2)
+    assert (args.expert_interval, args.topk, args.moe_loss_coeff, args.moe_min_capacity) == (2, 1, 0.1, 4)
+    assert (args.moe_train_capacity_factor, args.moe_eval_capacity_factor) == (1.0, 1.0)
+    assert args.moe_token_dropping is False and args.moe_top2_2nd_expert_sampling is True
+    assert args.model_shape.experts_per_layer() == [1, 4] and args.model_shape.mlp_type == "residual"
+
+
+def test_param_count_tool_prints_total_active_and_per_ep_rank():
+    import subprocess
+    import sys
+    # DeepSpeed-MoE's 350M+MoE-128: 24 layers, hidden 1024, an MoE layer every other layer
+    flags = ["--num-layers", 24, "--hidden-size", 1024, "--num-attention-heads", 16, "--seq-length", 2048,
+             "--vocab-size", 50257, "--num-experts", 128, "--moe-expert-parallel-size", 8]
+    out = subprocess.run([sys.executable, "tools/param_count.py", *map(str, flags)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    h, expert = 1024, 8 * 1024 * 1024 + 5 * 1024
+    dense_no_embedding = 24 * (12 * h * h + 13 * h) + 2 * h
+    embeddings = 50304 * h + 2048 * h
+    total = dense_no_embedding - 12 * expert + 12 * (128 * expert + 128 * h) + embeddings
+    active = dense_no_embedding + 12 * 128 * h + embeddings  # one expert per token replaces the MLP
+    assert f"parameters: {total:,}\n" in out and total == 13_149_534_208
+    assert f"active parameters: {active:,}\n" in out
+    assert f"active parameters without embeddings: {active - embeddings:,}\n" in out
+    assert f"experts per EP rank (EP=8): {12 * 16} experts, {12 * 16 * expert:,} expert parameters" in out
