@@ -1,6 +1,7 @@
 """Interrupted-then-resumed runs reproduce the uninterrupted run; half-written checkpoints are
 never picked up; a checkpoint of another model shape is refused with both shapes named; the
 TensorBoard event file holds the expected scalars."""
+import dataclasses
 import math
 import os
 import shutil
@@ -82,7 +83,8 @@ def test_checkpoint_of_another_shape_is_refused(corpus, tmp_path):
                      str(tmp_path / "b"), check=False)
     assert proc.returncode != 0
     assert ("pretrain_gpt.py: error: --load " + str(ckpt) + ": the checkpoint's model shape differs from this run's "
-            "(hidden_size: saved 64 vs now 128, ffn_hidden_size: saved 256 vs now 512); "
+            "(kv_channels: saved 16 vs now 32, hidden_size: saved 64 vs now 128, "
+            "ffn_hidden_size: saved 256 vs now 512); "
             "launch with the saved shape") in proc.stdout
     assert "estimated model parameters" not in proc.stdout  # refused before the model was built
     assert sorted(os.listdir(ckpt)) == before  # nothing saved was touched
@@ -145,12 +147,12 @@ def _save_while_rank1_stalls(save_dir):
     """Two saves at PP=2; in the second, rank 1 stalls inside its first file write until rank 0 has
     written all of its own files (and a second more), then reads the pointers."""
     import time
-    import types
 
     import deepspeed
     import torch
     import torch.distributed as dist
     from megatron import mpu
+    from megatron.arguments import parse_args, validate_args
     from megatron.checkpointing import TRACKER, save_checkpoint
     from megatron.learning_rates import AnnealingLR
     from megatron.model.gpt_model import GPTModelPipe
@@ -162,12 +164,14 @@ def _save_while_rank1_stalls(save_dir):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            config={"train_micro_batch_size_per_gpu": 2, "steps_per_print": 10 ** 9})
-    shape = config.shape
-    layout = {k: getattr(shape, k) for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                                             "max_position_embeddings", "tensor_model_parallel_size",
-                                             "pipeline_model_parallel_size")}
-    args = types.SimpleNamespace(save=save_dir, rank=dist.get_rank(), no_save_rng=False, ds_pipeline_enabled=True,
-                                 padded_vocab_size=shape.padded_vocab_size, **layout)
+    # the run's arguments as the trainer validates them, for this model's shape
+    args = validate_args(parse_args(args_list=[
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--micro-batch-size", "2", "--lr", "0.1", "--train-iters", "2", "--mock-data", "--vocab-size", "128",
+        "--pipeline-model-parallel-size", "2", "--save", save_dir]), world_size=2, cuda_available=False)
+    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=128)
+    args.padded_vocab_size, args.rank = args.model_shape.padded_vocab_size, dist.get_rank()
+    assert args.model_shape == config.shape
     lr_scheduler = AnnealingLR(optimizer, 0.1, 0.0, 0, 100, "constant")
 
     def pointers():

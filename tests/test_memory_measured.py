@@ -25,6 +25,7 @@ def _first_iteration(flags):
     import pretrain_gpt
     from megatron import initialize, training
     from megatron.arguments import parse_args, validate_args
+    from megatron.engine import engine_steps
     from megatron.global_vars import set_args
     from megatron.memory_measure import finish_memory_probe
 
@@ -37,7 +38,7 @@ def _first_iteration(flags):
     g = torch.Generator().manual_seed(args.rank)
     batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
                     for _ in range(16)])
-    training._make_train_step(engine, pretrain_gpt.forward_step, args)(batches)
+    engine_steps(engine, pretrain_gpt.forward_step, args).train_batch(batches)
     return [(rank, stage, tp, dp, predicted._asdict(), measured)
             for rank, stage, tp, dp, predicted, measured in finish_memory_probe(args)]
 
