@@ -72,7 +72,8 @@ def table_key(name, shape, pipeline):
     else:
         patterns = ((r"language_model\.embedding\.(.+)", lambda m: 0),
                     (r"language_model\.encoder\.layers\.(\d+)\.(.+)", lambda m: int(m.group(1)) + 1),
-                    (r"language_model\.encoder\.final_layernorm\.(.+)", lambda m: L + 1))
+                    (r"language_model\.encoder\.final_layernorm\.(.+)", lambda m: L + 1),
+                    (r"language_model\.output_layer\.(.+)", lambda m: L + 2))  # untied
     for pattern, layer in patterns:
         match = re.fullmatch(pattern, name)
         if match:
