@@ -61,16 +61,6 @@ def log_lines(output):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data")
-    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/corpus.jsonl",
-                    "--output-prefix", str(out / "corpus"), "--vocab-file", "data/gpt2-vocab.json",
-                    "--merge-file", "data/gpt2-merges.txt", "--append-eod", "--workers", "1"],
-                   cwd=ROOT, check=True, capture_output=True)
-    return str(out / "corpus_text_document")
-
-
-@pytest.fixture(scope="module")
 def original(corpus, tmp_path_factory):
     """TP=2 x PP=2, iterations 1-4 of a 6-iteration schedule, checkpoints at 2 and 4."""
     tmp = tmp_path_factory.mktemp("original")

@@ -5,25 +5,12 @@ import dataclasses
 import math
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from launcher import ROOT, launch
+from launcher import launch
 
 ITERS, EXIT_AT = 8, 4
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """The bundled corpus, preprocessed the way the quickstart does."""
-    out = tmp_path_factory.mktemp("data")
-    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/corpus.jsonl",
-                    "--output-prefix", str(out / "corpus"), "--vocab-file", "data/gpt2-vocab.json",
-                    "--merge-file", "data/gpt2-merges.txt", "--append-eod", "--workers", "1"],
-                   cwd=ROOT, check=True, capture_output=True)
-    return str(out / "corpus_text_document")
 
 
 def real_data_args(corpus, tp=1, pp=1):
