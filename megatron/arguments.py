@@ -333,7 +333,7 @@ def validate_args(args, world_size=None, cuda_available=None):
     _require(args.peak_tflops is None or args.peak_tflops > 0,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
-    _validate_moe(args, cuda_available)
+    _validate_moe(args)
     _validate_batch_sizes(args)
     _validate_training_length(args)
     _validate_precision(args, cuda_available)
@@ -350,22 +350,15 @@ def validate_args(args, world_size=None, cuda_available=None):
     return args
 
 
-def _validate_moe(args, cuda_available):
-    """What the shape cannot know: the engine, the backend, the DP size, the tokens per micro-batch."""
+def _validate_moe(args):
+    """What the shape cannot know: the DP size, the tokens per micro-batch."""
     shape = args.model_shape
     if not shape.is_moe:
         return
-    _require(args.no_pipeline_parallel,
-             "--num-experts > 1 needs --no-pipeline-parallel (and --pipeline-model-parallel-size 1), as in "
-             "Megatron-DeepSpeed: MoE layers run on DeepSpeed's non-pipeline engine")
     ep, dp = shape.moe_expert_parallel_size, args.data_parallel_size
     _require(dp % ep == 0, f"--moe-expert-parallel-size {ep} does not divide the data-parallel size {dp}: "
                            f"launch a multiple of {ep} x TP x PP ranks or lower EP")
     tp = args.tensor_model_parallel_size
-    _require(tp == 1 or (cuda_available and args.distributed_backend in (None, "nccl")),
-             f"--num-experts > 1 with --tensor-model-parallel-size {tp} needs CUDA ranks (nccl): DeepSpeed's MoE "
-             f"gathers tokens over TP with all_gather_into_tensor into a flat buffer, which gloo refuses; "
-             f"on CPU use --tensor-model-parallel-size 1")
     if tp > 1 and args.moe_token_dropping:
         # DeepSpeed splits each expert's capacity over the TP ranks
         tokens = args.micro_batch_size * args.seq_length

@@ -7,6 +7,7 @@ Layout of --save DIR:
 The two pointers are written (atomically) only after every rank has finished writing
 global_stepN, so a crash mid-save leaves the previous checkpoint as the one that loads.
 """
+import contextlib
 import json
 import os
 import random
@@ -81,7 +82,8 @@ def save_checkpoint(engine, lr_scheduler, progress, args):
     }
     if not args.no_save_rng:
         client_state["rng_state"] = _rng_state()
-    engine.save_checkpoint(args.save, tag=_tag(iteration), client_state=client_state, save_latest=False)
+    with _moe_writers(engine, args):
+        engine.save_checkpoint(args.save, tag=_tag(iteration), client_state=client_state, save_latest=False)
     dist.barrier()  # every rank's shards are on disk before the pointers move
     if args.rank == 0:
         _write_atomic(os.path.join(args.save, _tag(iteration), LAYOUT), json.dumps(_layout(args), indent=1))
@@ -91,6 +93,13 @@ def save_checkpoint(engine, lr_scheduler, progress, args):
     dist.barrier()
     progress.last_saved_iteration = iteration
     print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+
+
+def _moe_writers(engine, args):
+    if not args.model_shape.is_moe:
+        return contextlib.nullcontext()
+    from megatron.model.moe import every_tp_rank_writes_its_files
+    return every_tp_rank_writes_its_files(engine)
 
 
 def read_tracker(load_dir):

@@ -97,6 +97,10 @@ def setup_model_and_optimizer(model_provider, args):
         # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
         engine.enable_backward_allreduce = False             # DeepSpeedEngine.backward
         engine.pipeline_enable_backward_allreduce = False    # PipelineEngine's ReduceGrads
+    if args.model_shape.is_moe:
+        # every pipeline stage takes DeepSpeed's MoE checkpoint path, also one without an MoE layer:
+        # its per-layer path would end the load with a tied-weight broadcast the others never join
+        engine.has_moe_layers = True
     lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
     startup_report(engine, args)  # predicted memory per rank, MFU peak; arms the first iteration's measurement
     lr_scheduler.step(0)

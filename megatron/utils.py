@@ -96,7 +96,7 @@ def compute_parameter_counts(model, mpu):
     import torch
     import torch.distributed as dist
 
-    if _moe_layers(model):
+    if is_moe_model(model):
         return compute_moe_parameter_counts(model, mpu)
 
     tp_rank = mpu.get_tensor_model_parallel_rank()
@@ -132,6 +132,12 @@ def _moe_layers(model):
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
+def is_moe_model(model):
+    """From the model, not this rank's modules: a pipeline stage may hold no MoE layer, and every
+    rank must take the same (collective) path."""
+    return getattr(model, "is_moe", False) or bool(_moe_layers(model))
+
+
 def _moe_component_of_parameters(model):
     component = {}
     for layer in _moe_layers(model):
@@ -150,11 +156,11 @@ def moe_parameter_owner(model, mpu):
     from deepspeed.moe.utils import is_moe_param
     from deepspeed.utils import groups
 
-    layers = _moe_layers(model)
-    if not layers:
+    if not is_moe_model(model):
         return None
+    layers = _moe_layers(model)
     tp_rank, dp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()
-    expert_tp = layers[0].enable_expert_tensor_parallelism
+    expert_tp = bool(layers) and layers[0].enable_expert_tensor_parallelism
     edp_rank = {layer.expert_group_name: groups._get_expert_data_parallel_rank(layer.expert_group_name)
                 for layer in layers}
 
@@ -179,14 +185,18 @@ def compute_moe_parameter_counts(model, mpu):
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
     component = _component_of_parameters(model)
     layers = [m for m in model.modules() if isinstance(m, ParallelTransformerLayer)]
-    num_layers = max(layer.layer_number for layer in layers)
+    num_layers = layers[0].total_layers  # one slot per layer of the model, on every stage
     owned = dict.fromkeys(COMPONENTS, 0)
-    experts_by_layer = [0] * num_layers
+    # per layer of the model: (owned expert elements, E, top-k); E and k from one rank per stage
+    experts_by_layer = [0] * (3 * num_layers)
     local = 0
     for layer in layers:
         if isinstance(layer.mlp, MoE):
             experts = layer.mlp.deepspeed_moe.experts.parameters()
-            experts_by_layer[layer.layer_number - 1] = sum(_numel(p) for p in experts if owned_fn(p))
+            i = 3 * (layer.layer_number - 1)
+            experts_by_layer[i] = sum(_numel(p) for p in experts if owned_fn(p))
+            if tp_rank == 0 and dp_rank == 0:
+                experts_by_layer[i + 1:i + 3] = layer.mlp.num_experts, layer.mlp.deepspeed_moe.gate.k
     for p in model.parameters():
         local += _numel(p)
         if not owned_fn(p):
@@ -197,7 +207,7 @@ def compute_moe_parameter_counts(model, mpu):
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     n = len(COMPONENTS)
-    buf = torch.zeros(n + 3 * num_stages + num_layers, dtype=torch.int64, device=device)
+    buf = torch.zeros(n + 3 * num_stages + 3 * num_layers, dtype=torch.int64, device=device)
     buf[:n] = torch.tensor([owned[c] for c in COMPONENTS])
     slot = n + 3 * stage
     if tp_rank == 0 and dp_rank == 0:  # what DeepSpeed's STAGE_PARAMS would say on TP rank 0, EP rank 0
@@ -209,12 +219,13 @@ def compute_moe_parameter_counts(model, mpu):
     values = buf.tolist()
     stages = values[n:n + 3 * num_stages]
     experts_active = 0
-    for layer in layers:
-        if isinstance(layer.mlp, MoE):
-            total = values[n + 3 * num_stages + layer.layer_number - 1]
-            per_expert, rest = divmod(total, layer.mlp.num_experts)
-            assert rest == 0, f"layer {layer.layer_number}: experts of unequal size"
-            experts_active += layer.mlp.deepspeed_moe.gate.k * per_expert
+    by_layer = values[n + 3 * num_stages:]
+    for number in range(1, num_layers + 1):
+        total, num_experts, k = by_layer[3 * number - 3:3 * number]
+        if num_experts:  # an MoE layer, on whichever stage
+            per_expert, rest = divmod(total, num_experts)
+            assert rest == 0, f"layer {number}: experts of unequal size"
+            experts_active += k * per_expert
     return ParameterCounts(dict(zip(COMPONENTS, values[:n])),
                            tuple(StageCount(*stages[3 * s: 3 * s + 3]) for s in range(num_stages)), experts_active)
 

@@ -47,5 +47,7 @@ def test_moe_example_prints_total_and_active_and_saves_experts_per_ep_rank(tmp_p
     assert f"estimated active model parameters: {active / 1e9}\n" in out
     assert " moe loss: " in out and " iteration        2/       2 |" in out
     saved = os.listdir(tmp_path / "ckpt" / "global_step2")
-    assert {f"layer_{m}_expert_{e}_mp_rank_00_model_states.pt" for m in range(2) for e in range(4)} <= set(saved)
-    assert {"expp_rank_0_mp_rank_00_optim_states.pt", "expp_rank_1_mp_rank_00_optim_states.pt"} <= set(saved)
+    # TP=2 x DP=2, EP=2: every TP rank writes the experts of its EP rank, and its optimizer state
+    assert {f"layer_{m}_expert_{e}_mp_rank_{t:02d}_model_states.pt"
+            for m in range(2) for e in range(4) for t in range(2)} <= set(saved)
+    assert {f"expp_rank_{r}_mp_rank_{t:02d}_optim_states.pt" for r in range(2) for t in range(2)} <= set(saved)

@@ -150,10 +150,12 @@ def _validated(extra, world_size):
 
 
 @pytest.mark.parametrize("extra, world_size, message", [
-    ([], 1, "--num-experts > 1 needs --no-pipeline-parallel"),
-    (["--no-pipeline-parallel", "--moe-expert-parallel-size", 4], 2,
-     "--moe-expert-parallel-size 4 does not divide the data-parallel size 2"),
-    (["--no-pipeline-parallel", "--tensor-model-parallel-size", 2], 2, "needs CUDA ranks"),
+    (["--moe-expert-parallel-size", 4], 2, "--moe-expert-parallel-size 4 does not divide the data-parallel size 2"),
+    (["--pipeline-model-parallel-size", 2, "--moe-expert-parallel-size", 2], 2,
+     "--moe-expert-parallel-size 2 does not divide the data-parallel size 1"),
+    # 64 tokens over 4 experts x 1.03 -> capacity 17 slots, which DeepSpeed cannot split over 2 TP ranks
+    (["--tensor-model-parallel-size", 2, "--moe-train-capacity-factor", 1.03], 2,
+     "--moe-train-capacity-factor 1.03: expert capacity 17 .* not divisible by --tensor-model-parallel-size 2"),
     (["--no-pipeline-parallel", "--zero-stage", 1], 1, "ZeRO stage 1 with MoE needs --create-moe-param-group"),
 ])
 def test_bad_moe_flags_fail_early(extra, world_size, message):

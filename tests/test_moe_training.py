@@ -1,6 +1,17 @@
-"""MoE in real `deepspeed --num_gpus 2 pretrain_gpt.py` runs (TP=1 x DP=2, --no-pipeline-parallel):
-the startup count is the analytic one on every rank, EP=2 reproduces EP=1's losses on the same data
-and seed, the moe loss is logged, and an EP=2 run interrupted and resumed is exact."""
+"""MoE in real `deepspeed pretrain_gpt.py` runs, the cheapest set that trains every MoE layout:
+
+  ref        1 rank   TP1 PP1 EP1, DeepSpeedEngine (--no-pipeline-parallel)
+  tp2_pp2    4 ranks  TP2 x PP2 on the pipeline engine (EP1): whole experts with DeepSpeed's token
+                      split / gather over TP, the moe loss across a stage boundary, and a first
+                      stage without an MoE layer
+  ep2        2 ranks  pipeline engine at PP1, DP2 x EP2
+
+Every run prints the exact total and active counts; tp2_pp2 and ep2 reproduce ref's losses (the
+same tokens meet the same experts; only the order of float sums differs). tp2_pp2 and ep2 save at
+iterations 3 and 6 and are run again from iteration 3: bit for bit the same. The load-balancing
+loss counts fully (--moe-loss-coeff 1) so that a wrong gate gradient on any stage would change the
+trajectory; the 2nd expert of top-2 is the deterministic one, since the sampled one draws from an
+RNG whose position differs per engine."""
 import pytest
 
 from launcher import TINY, launch
@@ -8,66 +19,80 @@ from megatron.launch import logged_iterations
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
 
-ITERS, EXIT_AT = 6, 3
-MOE = ["--num-experts", 4, "--topk", 2, "--expert-interval", 2, "--no-pipeline-parallel",
-       "--global-batch-size", 8, "--train-iters", ITERS, "--moe-loss-coeff", 0.01]
+ITERS, RESUME_AT = 6, 3
+MOE = ["--num-experts", 4, "--topk", 2, "--expert-interval", 2, "--moe-loss-coeff", 1.0,
+       "--disable-moe-top2-2nd-expert-sampling", "--global-batch-size", 8, "--train-iters", ITERS]
+# TP2 pads the vocab to a multiple of 64 x 2: the same 640 rows as TP1's multiple of 128
+LAYOUTS = {"ref": (1, ["--no-pipeline-parallel"]),
+           "tp2_pp2": (4, ["--tensor-model-parallel-size", 2, "--pipeline-model-parallel-size", 2,
+                           "--make-vocab-size-divisible-by", 64]),
+           "ep2": (2, ["--moe-expert-parallel-size", 2])}
+RESUMED = ("tp2_pp2", "ep2")
+SHAPE = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
+                   max_position_embeddings=32, num_experts=(4,), topk=2)
 
 
-def _shape(ep):
-    return ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
-                      max_position_embeddings=32, num_experts=(4,), topk=2, moe_expert_parallel_size=ep)
+def _point_trackers_at(ckpt, iteration):
+    """What a user does to resume from an earlier checkpoint than the latest."""
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    (ckpt / "latest").write_text(f"global_step{iteration}")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe")
-    ckpt = tmp / "ckpt"
     out = {}
-    for name, extra in (("ep1", ["--moe-expert-parallel-size", 1]),
-                        ("ep2", ["--moe-expert-parallel-size", 2]),
-                        ("ep2_first", ["--moe-expert-parallel-size", 2, "--save", ckpt, "--save-interval", 100,
-                                       "--exit-interval", EXIT_AT]),
-                        ("ep2_resumed", ["--moe-expert-parallel-size", 2, "--load", ckpt])):
-        out[name] = launch(2, TINY + MOE + extra, str(tmp / name))
+    for name, (ranks, extra) in LAYOUTS.items():
+        ckpt = tmp / f"ckpt_{name}"
+        save = ["--save", ckpt, "--save-interval", RESUME_AT] if name in RESUMED else []
+        out[name] = launch(ranks, TINY + MOE + extra + save, str(tmp / name))
+        if name in RESUMED:
+            _point_trackers_at(ckpt, RESUME_AT)
+            out[f"{name}_resumed"] = launch(ranks, TINY + MOE + extra + ["--load", ckpt], str(tmp / f"{name}_resumed"))
     return out
 
 
-def test_startup_count_is_exact_on_every_rank(runs):
-    for name, ep in (("ep1", 1), ("ep2", 2)):
-        proc, ranks = runs[name]
-        counts = analytic_parameter_counts(_shape(ep))
-        assert counts.components["experts"] == 4 * (8 * 64 * 64 + 5 * 64)
-        for r in ranks.values():
-            assert (r["parameters"], r["parameters_no_embedding"]) == (counts.total, counts.no_embedding)
-            assert (r["parameters_active"], r["parameters_active_no_embedding"]) == \
-                (counts.active, counts.active_no_embedding)
-            assert r["flops_per_sample"] == flops_per_sample(_shape(ep), False)
-            assert r["count_calls"] == 1 and r["collectives_in_log"] == 0
-            # C = 6 N_active D
-            assert r["gigaflos_no_embeds"] == pytest.approx(6 * ITERS * 8 * 32 * counts.active_no_embedding / 1e9)
-        out = proc.stdout
-        assert f"estimated model parameters: {counts.total / 1e9}\n" in out
-        assert f"estimated active model parameters: {counts.active / 1e9}\n" in out
-        assert f"estimated active model parameters without embeddings: {counts.active_no_embedding / 1e9}\n" in out
-        assert f"experts per EP rank (EP={ep}): {4 // ep} experts" in out
-        assert "disagrees with the analytic formula" not in out
+@pytest.mark.parametrize("name, ep", [("ref", 1), ("tp2_pp2", 1), ("ep2", 2)])
+def test_startup_count_is_exact_on_every_rank(runs, name, ep):
+    proc, ranks = runs[name]
+    counts = analytic_parameter_counts(SHAPE)
+    assert counts.components["experts"] == 4 * (8 * 64 * 64 + 5 * 64)
+    assert counts.active == counts.total - 2 * (8 * 64 * 64 + 5 * 64)  # top-2 of 4 experts
+    assert sorted(ranks) == list(range(LAYOUTS[name][0]))
+    for r in ranks.values():
+        assert (r["parameters"], r["parameters_no_embedding"]) == (counts.total, counts.no_embedding)
+        assert (r["parameters_active"], r["parameters_active_no_embedding"]) == \
+            (counts.active, counts.active_no_embedding)
+        assert r["flops_per_sample"] == flops_per_sample(SHAPE, False)
+        assert r["count_calls"] == 1 and r["collectives_in_log"] == 0
+        # C = 6 N_active D
+        assert r["gigaflos_no_embeds"] == pytest.approx(6 * ITERS * 8 * 32 * counts.active_no_embedding / 1e9)
+    out = proc.stdout
+    assert f"estimated model parameters: {counts.total / 1e9}\n" in out
+    assert f"estimated active model parameters: {counts.active / 1e9}\n" in out
+    assert f"estimated active model parameters without embeddings: {counts.active_no_embedding / 1e9}\n" in out
+    assert f"experts per EP rank (EP={ep}): {4 // ep} experts" in out
+    assert "disagrees with the analytic formula" not in out
 
 
-def test_ep2_reproduces_ep1_and_logs_the_moe_loss(runs):
-    ep1, ep2 = (logged_iterations(runs[name][0].stdout) for name in ("ep1", "ep2"))
-    assert sorted(ep1) == sorted(ep2) == list(range(1, ITERS + 1))
-    for it in ep1:
-        # the same tokens meet the same experts; only the order of float sums differs
-        assert ep2[it]["lm loss"] == pytest.approx(ep1[it]["lm loss"], rel=1e-5), it
-        assert ep2[it]["moe loss"] == pytest.approx(ep1[it]["moe loss"], rel=1e-4), it
-        assert 0 < ep1[it]["moe loss"] < 0.01 * 4  # coeff x l_aux, l_aux of top-2 at most E
-    assert ep1[ITERS]["lm loss"] < ep1[1]["lm loss"]
+@pytest.mark.parametrize("name", ["tp2_pp2", "ep2"])
+def test_layout_reproduces_the_reference_and_logs_the_moe_loss(runs, name):
+    ref, other = (logged_iterations(runs[n][0].stdout) for n in ("ref", name))
+    assert sorted(ref) == sorted(other) == list(range(1, ITERS + 1))
+    for it in ref:
+        for key in ("lm loss", "moe loss"):
+            assert other[it][key] == pytest.approx(ref[it][key], rel=1e-5), (it, key)
+        assert other[it]["grad norm"] == pytest.approx(ref[it]["grad norm"], abs=2e-3), it  # printed to 3 places
+        assert 0 < ref[it]["moe loss"] < 4  # coeff 1 x l_aux of one MoE layer; top-2 l_aux is at most E
+    assert ref[ITERS]["lm loss"] < ref[1]["lm loss"]
 
 
-def test_resume_at_ep2_is_exact(runs):
-    whole = runs["ep2"][1][1]["losses"]
-    first, resumed = runs["ep2_first"][1][1]["losses"], runs["ep2_resumed"][1][1]["losses"]
-    assert sorted(map(int, resumed)) == list(range(EXIT_AT + 1, ITERS + 1))
-    assert {**first, **resumed} == whole  # bit for bit
-    proc = runs["ep2_first"][0]
-    assert "saved checkpoint at iteration 3" in proc.stdout
+@pytest.mark.parametrize("name", RESUMED)
+def test_resume_is_exact(runs, name):
+    whole, resumed = runs[name][1][0]["losses"], runs[f"{name}_resumed"][1][0]["losses"]
+    assert sorted(map(int, resumed)) == list(range(RESUME_AT + 1, ITERS + 1))
+    assert resumed == {it: loss for it, loss in whole.items() if int(it) > RESUME_AT}  # bit for bit
+    assert "saved checkpoint at iteration 3" in runs[name][0].stdout
+    resumed_log, whole_log = (logged_iterations(runs[n][0].stdout) for n in (f"{name}_resumed", name))
+    for it in range(RESUME_AT + 1, ITERS + 1):
+        assert resumed_log[it]["moe loss"] == whole_log[it]["moe loss"]

@@ -11,11 +11,10 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.utils import set_random_seed
 from torch import nn
 
-from megatron import mpu
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
-from .moe import add_moe_loss
-from .transformer import ParallelTransformer, ParallelTransformerLayerPipe
+from .moe import add_moe_loss, pack_moe_loss, record_moe_loss, unpack_moe_loss
+from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpointed
 
 
 class TransformerLanguageModel(nn.Module):
@@ -30,6 +29,7 @@ class TransformerLanguageModel(nn.Module):
             self.output_layer = OutputLayer(config)
 
     def forward(self, input_ids):
+        """Final hidden states, or (those, moe loss) for an MoE model."""
         return self.encoder(self.embedding(input_ids))
 
 
@@ -39,6 +39,7 @@ class GPTModel(nn.Module):
     def __init__(self, config, seed=1234):
         super().__init__()
         self.language_model = TransformerLanguageModel(config, seed)
+        self.is_moe = config.shape.is_moe
 
     def word_embeddings_weight(self):
         return self.language_model.embedding.word_embeddings_weight
@@ -49,10 +50,17 @@ class GPTModel(nn.Module):
         return self.word_embeddings_weight()
 
     def forward(self, tokens, labels=None, loss_mask=None):
-        logits = parallel_lm_logits(self.language_model(tokens), self.output_weight())
+        hidden_states, moe_loss = _split_moe_loss(self.language_model(tokens))
+        logits = parallel_lm_logits(hidden_states, self.output_weight())
         if labels is None:
             return logits  # [s, b, V/tp]
-        return add_moe_loss(lm_loss(logits, labels, loss_mask))  # MoE: backward adds the aux loss
+        if moe_loss is not None and self.training:
+            record_moe_loss(moe_loss)
+        return add_moe_loss(lm_loss(logits, labels, loss_mask), moe_loss)  # MoE: backward adds the moe loss
+
+
+def _split_moe_loss(state):
+    return state if isinstance(state, tuple) else (state, None)
 
 
 class EmbeddingPipe(Embedding):
@@ -66,6 +74,21 @@ def _logits_helper(embedding, hidden_states):
 def _pipe_loss(logits, labels):
     labels, loss_mask = labels
     return lm_loss(logits, labels, loss_mask)
+
+
+class _MoELossToTheLoss:
+    """MoE models: the function after the last transformer layer keeps the moe loss, and the loss
+    function (the same stage and micro-batch) adds it in gradient (add_moe_loss)."""
+
+    def __init__(self):
+        self.value = None
+
+    def take(self, state):
+        hidden_states, self.value = _split_moe_loss(state)
+        return hidden_states
+
+    def loss(self, logits, labels):
+        return add_moe_loss(_pipe_loss(logits, labels), self.value)
 
 
 def _seed_layer(seed):
@@ -86,13 +109,16 @@ class GPTModelPipe(PipelineModule):
         else:
             specs = [LayerSpec(EmbeddingPipe, config)]
         specs += [LayerSpec(ParallelTransformerLayerPipe, config, layer_number=i + 1) for i in range(shape.num_layers)]
+        moe_loss = _MoELossToTheLoss() if shape.is_moe else None
+        if moe_loss is not None:
+            specs.append(moe_loss.take)
         specs.append(LayerSpec(norm_class(shape.normalization), shape.hidden_size, eps=config.layernorm_epsilon))
         if shape.tied:
             specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
                                        tied_weight_attr="word_embeddings_weight"))
         else:
             specs.append(LayerSpec(OutputLayer, config))
-        super().__init__(layers=specs, loss_fn=_pipe_loss, topology=topology,
+        super().__init__(layers=specs, loss_fn=_pipe_loss if moe_loss is None else moe_loss.loss, topology=topology,
                          seed_layers=True, base_seed=seed, seed_fn=_seed_layer,
                          partition_method="type:transformer")
         # seed_layers is for building only: left on, DeepSpeed would also reseed every layer in
@@ -100,34 +126,50 @@ class GPTModelPipe(PipelineModule):
         # run would replay the first iterations' dropout masks
         self.seed_layers = False
         self.checkpoint_num_layers = config.checkpoint_num_layers if config.checkpoint_activations else 0
+        self.moe_loss = moe_loss
+        self.is_moe = shape.is_moe  # whether or not this stage holds an MoE layer
 
     def forward(self, forward_input):
-        """This stage's layers; with --checkpoint-activations every run of `checkpoint_num_layers`
-        transformer layers is recomputed in backward. DeepSpeed's own interval chunking would
-        count the embedding, the final LayerNorm and the output layer into the chunks and then
-        recompute none of a chunk that touches them (with 2 layers and k = 2, nothing at all),
-        so every transformer layer is recomputed here, as the FLOPs formula and the non-pipeline
-        model assume."""
+        """This stage's layers. An MoE model passes (hidden states, moe loss) between its layers
+        and one packed tensor between stages (pack_moe_loss)."""
+        if self.moe_loss is None:
+            return self._run_stage(forward_input)
+        received = None
+        if self.stage_id > 0:
+            hidden_states, received = unpack_moe_loss(forward_input)
+            forward_input = (hidden_states, received)
+        output = self._run_stage(forward_input)
+        last = self.stage_id == self.num_stages - 1
+        hidden_states, moe_loss = (output, self.moe_loss.value) if last else _split_moe_loss(output)
+        if self.training and torch.is_grad_enabled():  # every stage records its layers' part
+            record_moe_loss(_difference(moe_loss, received, hidden_states))
+        return output if last else pack_moe_loss(hidden_states, moe_loss)
+
+    def _run_stage(self, state):
+        """With --checkpoint-activations every run of `checkpoint_num_layers` transformer layers
+        is recomputed in backward. DeepSpeed's own interval chunking would count the embedding,
+        the final LayerNorm and the output layer into the chunks and then recompute none of a
+        chunk that touches them (with 2 layers and k = 2, nothing at all), so every transformer
+        layer is recomputed here, as the FLOPs formula and the non-pipeline model assume."""
         if not (self.checkpoint_num_layers and torch.is_grad_enabled()):
-            return super().forward(forward_input)
-        x, funcs, i = forward_input, self.forward_funcs, 0
+            return super().forward(state)
+        funcs, i = self.forward_funcs, 0
         while i < len(funcs):
             if not isinstance(funcs[i], ParallelTransformerLayerPipe):
-                x = funcs[i](x)
+                state = funcs[i](state)
                 i += 1
                 continue
             end = i
             while end < min(len(funcs), i + self.checkpoint_num_layers) and \
                     isinstance(funcs[end], ParallelTransformerLayerPipe):
                 end += 1
-            x = mpu.checkpoint(_run_layers(funcs[i:end]), x)
+            state = checkpointed(funcs[i:end], state)
             i = end
-        return x
+        return state
 
 
-def _run_layers(layers):
-    def run(hidden_states):
-        for layer in layers:
-            hidden_states = layer(hidden_states)
-        return hidden_states
-    return run
+def _difference(total, received, like):
+    """This stage's part of the moe loss (either may be None: no MoE layer so far)."""
+    if total is None:
+        return like.new_zeros(())
+    return total if received is None else total - received

@@ -7,13 +7,11 @@ slot, as Megatron-DeepSpeed builds it (`--num-experts`, `--expert-interval`, `--
   and DeepSpeed splits the tokens over the TP ranks instead.
 * Expert e of a layer is initialised from its own seed (drawn once per layer, then + e), so any
   EP layout starts from the same full set of experts (DeepSpeed would deep-copy one expert).
-* The auxiliary load-balancing loss: `add_moe_loss(lm_loss)` makes backward propagate
-  `lm loss + moe_loss_coeff x sum of the layers' l_aux` — it records the gradient arriving at the
-  lm loss (1 / accumulation steps, times the fp16 loss scale, whatever the engine applied) and
-  each MoE layer's output hands `coeff x that gradient` to its l_aux. This works unchanged under
-  activation checkpointing (the recomputed layer rebuilds its l_aux graph) and leaves the value
-  the engines return the lm loss; the moe loss is logged on its own (`moe loss`).
+* The auxiliary load-balancing loss (`moe loss` = moe_loss_coeff x sum of the layers' l_aux)
+  travels with the hidden states to the lm loss, where `add_moe_loss` adds it to the gradient but
+  not to the value: the engines return the lm loss, and the moe loss is logged on its own.
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -113,9 +111,9 @@ class MoEMLP(MoE):
                         setattr(param, attr, getattr(fresh_params[name], attr))
 
     def forward(self, hidden_states):
+        """(output, moe_loss_coeff x l_aux)."""
         output, l_aux, _ = super().forward(hidden_states)
-        _LAST_AUX[id(self)] = self.loss_coeff * l_aux.detach().float()
-        return _MoELossGradient.apply(output, l_aux, self.loss_coeff)
+        return output, self.loss_coeff * l_aux
 
 
 def mpu_ep_rank_first_expert(layer):
@@ -144,12 +142,52 @@ def create_expert_groups(shape, mpu_module=mpu):
     if not shape.is_moe:
         return
     groups.mpu = mpu_module
+    _use_shaped_token_gather_on_gloo()
     if expert_group_name(shape) in groups._get_expert_parallel_group_dict():
         return
     if shape.enable_expert_tensor_parallelism:
         groups._create_expert_data_and_model_parallel(shape.moe_expert_parallel_size, mpu=mpu_module)
     else:
         groups._create_expert_and_data_parallel(shape.moe_expert_parallel_size)
+
+
+def _gather_tokens_over_tp(input_, dim=0):
+    """DeepSpeed's token gather over the TP group (mappings._gather_tokens: every TP rank's tokens,
+    concatenated along `dim`) through a list all-gather: DeepSpeed gathers into a flat buffer, and
+    gloo's all_gather_into_tensor only takes an output shaped [world x first dim, ...]."""
+    world = mpu.get_tensor_model_parallel_world_size()
+    if world == 1:
+        return input_
+    input_ = input_.contiguous()
+    parts = [torch.empty_like(input_) for _ in range(world)]
+    torch.distributed.all_gather(parts, input_, group=mpu.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=dim)
+
+
+def _use_shaped_token_gather_on_gloo():
+    """With TP > 1 and whole experts, DeepSpeed's MoE splits the tokens over the TP ranks and gathers
+    them back (forward of the combine, backward of the split). On gloo that gather is swapped for
+    `_gather_tokens_over_tp`, the same result; nccl keeps DeepSpeed's."""
+    from deepspeed.moe import mappings
+    if torch.distributed.get_backend() == "gloo":
+        mappings._gather_tokens = _gather_tokens_over_tp
+
+
+@contextlib.contextmanager
+def every_tp_rank_writes_its_files(engine):
+    """While DeepSpeed saves an MoE model: a rank writes its expert files, optimizer state and
+    model state when it is expert-data-parallel rank 0 (DeepSpeed's rule) or in DP replica 0.
+    With whole experts DeepSpeed's expert-data-parallel groups hold TP peers (their gradients are
+    summed there, each TP rank having run a slice of the experts' capacity), so with EP < TP its
+    rule alone would write nothing for TP ranks >= EP, and the checkpoint would not load."""
+    checkpoint_engine = engine.checkpoint_engine
+    deepspeed_rule = checkpoint_engine.is_data_parallel_writer
+    checkpoint_engine.is_data_parallel_writer = \
+        lambda rank: deepspeed_rule(rank) or mpu.get_data_parallel_rank() == 0
+    try:
+        yield
+    finally:
+        del checkpoint_engine.is_data_parallel_writer  # the class's method again
 
 
 def attach_expert_groups(model):
@@ -168,52 +206,70 @@ def expert_parallel_rank(shape):
 
 
 # --- the auxiliary loss ----------------------------------------------------------------------------
+# Each MoE layer adds `coeff x l_aux` to a running `moe_loss` that travels with the hidden states
+# (ParallelTransformerLayer.forward) to the lm loss, so autograd gives every gate its gradient on
+# both engines, at any PP (across a stage boundary it rides in the activation, `pack_moe_loss`),
+# under activation checkpointing and fp16 loss scaling alike.
 
-_LAST_AUX = {}          # id(MoE layer) -> coeff x its l_aux of the latest forward (detached)
-_LOSS_GRADIENT = [None]  # d(loss the engine backpropagates) / d(lm loss), set when backward starts
-_TRAIN_MOE_LOSSES = []   # coeff x sum of l_aux, one per training micro-batch since the last pop
+_TRAIN_MOE_LOSSES = []  # the moe loss of each training micro-batch since the last pop (detached)
 
 
-class _MoELossGradient(torch.autograd.Function):
-    """Identity on the layer output; in backward, l_aux receives coeff x the lm loss's gradient,
-    as if coeff x l_aux had been added to the lm loss."""
-
-    @staticmethod
-    def forward(ctx, output, l_aux, coeff):
-        ctx.coeff = coeff
-        return output
+class _LossWithMoELoss(torch.autograd.Function):
+    """Value: the lm loss (what the engines return and the log calls `lm loss`); gradient: that of
+    lm loss + moe loss, so backward sees the sum."""
 
     @staticmethod
-    def backward(ctx, grad_output):
-        scale = _LOSS_GRADIENT[0]
-        grad_aux = None if scale is None else ctx.coeff * scale
-        return grad_output, grad_aux, None
+    def forward(ctx, lm_loss, moe_loss):
+        ctx.moe_shape = moe_loss.shape
+        return lm_loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad.expand(ctx.moe_shape)
 
 
-def add_moe_loss(loss):
-    """Called on the lm loss of every micro-batch of an MoE model (a no-op for a dense one)."""
-    if not _LAST_AUX:
-        return loss
-    value = sum(_LAST_AUX.values())
-    _LAST_AUX.clear()
-    if torch.is_grad_enabled() and loss.requires_grad:
-        _TRAIN_MOE_LOSSES.append(value)
+def add_moe_loss(lm_loss, moe_loss):
+    """The loss backward runs on: lm loss + moe loss in gradient, lm loss in value (None: dense)."""
+    if moe_loss is None:
+        return lm_loss
+    return _LossWithMoELoss.apply(lm_loss, moe_loss.to(lm_loss.dtype))
 
-        def remember(grad):
-            _LOSS_GRADIENT[0] = grad.detach()
-        loss.register_hook(remember)
-    return loss
+
+def record_moe_loss(moe_loss):
+    """For the log: the moe loss a training micro-batch's forward added on this rank (called once
+    per micro-batch, outside any recomputation; on a pipeline stage, the stage's own layers' part)."""
+    if torch.is_grad_enabled():
+        _TRAIN_MOE_LOSSES.append(moe_loss.detach().float().sum())
+
+
+def pack_moe_loss(hidden_states, moe_loss):
+    """One tensor for a pipeline stage boundary ([s + 1, b, h]: the moe loss in the extra row),
+    because DeepSpeed backpropagates a stage's outputs one tensor at a time, and a checkpointed
+    chunk with two outputs would then be recomputed twice. Only the gradient that flows back
+    through the extra row matters; the log takes its values from record_moe_loss."""
+    s, b, h = hidden_states.shape
+    if moe_loss is None:  # a stage without MoE layers
+        moe_loss = hidden_states.new_zeros(1)
+    row = F.pad(moe_loss.to(hidden_states.dtype).reshape(1, 1, 1), (0, h - 1, 0, b - 1))
+    return torch.cat([hidden_states, row])
+
+
+def unpack_moe_loss(packed):
+    return packed[:-1], packed[-1, 0, :1].float()
 
 
 def pop_moe_loss():
-    """Mean moe loss of the training micro-batches since the last call, averaged over the DP
-    group like the lm loss (one all-reduce); None for a dense model."""
+    """Mean moe loss of the training micro-batches since the last call: summed over the pipeline
+    stages (each recorded its layers' part), averaged over DP like the lm loss; None for a dense
+    model. Collective on every rank of an MoE model."""
     if not _TRAIN_MOE_LOSSES:
         return None
-    loss = torch.stack(_TRAIN_MOE_LOSSES).mean()
+    loss = torch.stack(_TRAIN_MOE_LOSSES).mean().to(_device())
     _TRAIN_MOE_LOSSES.clear()
+    if mpu.get_pipeline_model_parallel_world_size() > 1:
+        torch.distributed.all_reduce(loss, group=mpu.get_pipeline_model_parallel_group())
     from megatron.engine import average_over_data_parallel
-    return average_over_data_parallel(loss.to(_device()))
+    return average_over_data_parallel(loss)
 
 
 def _device():

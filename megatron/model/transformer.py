@@ -128,6 +128,7 @@ class ParallelTransformerLayer(nn.Module):
     def __init__(self, config, layer_number):
         super().__init__()
         self.layer_number = layer_number
+        self.total_layers = config.shape.num_layers  # the model's, whichever stage holds this layer
         self.hidden_dropout = config.hidden_dropout
         norm = norm_class(config.shape.normalization)
         self.input_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
@@ -135,17 +136,39 @@ class ParallelTransformerLayer(nn.Module):
         self.post_attention_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.mlp = build_mlp(config, layer_number)  # ParallelMLP, or DeepSpeed's MoE in an MoE layer
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states, moe_loss=None):
+        """hidden states -> hidden states; in an MoE model, once an MoE layer has run,
+        (hidden states, moe loss so far) -> (hidden states, moe loss + this layer's)."""
         # hidden states are replicated across TP ranks: default RNG, identical masks
         attn = self.self_attention(self.input_layernorm(hidden_states))
         hidden_states = hidden_states + F.dropout(attn, p=self.hidden_dropout, training=self.training)
         mlp = self.mlp(self.post_attention_layernorm(hidden_states))
-        return hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
+        if isinstance(mlp, tuple):  # MoE: (output, coeff x l_aux)
+            mlp, layer_moe_loss = mlp
+            moe_loss = layer_moe_loss if moe_loss is None else moe_loss + layer_moe_loss
+        hidden_states = hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
+        return hidden_states if moe_loss is None else (hidden_states, moe_loss)
+
+
+def run_layers(layers, state):
+    """Run `layers` on a hidden-states tensor or a (hidden states, moe loss) pair."""
+    for layer in layers:
+        state = layer(*state) if isinstance(state, tuple) else layer(state)
+    return state
+
+
+def checkpointed(layers, state):
+    """run_layers, recomputed in backward (mpu.checkpoint takes and returns tensors)."""
+    inputs = state if isinstance(state, tuple) else (state,)
+    return mpu.checkpoint(lambda *tensors: run_layers(layers, tensors if len(tensors) > 1 else tensors[0]), *inputs)
 
 
 class ParallelTransformerLayerPipe(ParallelTransformerLayer):
     """The pipeline stage's unit; DeepSpeed partitions stages by counting these
-    (`partition_method="type:transformer"`) and checkpoints them."""
+    (`partition_method="type:transformer"`) and checkpoints them. DeepSpeed passes one argument."""
+
+    def forward(self, inputs, moe_loss=None):
+        return super().forward(*inputs) if isinstance(inputs, tuple) else super().forward(inputs, moe_loss)
 
 
 class ParallelTransformer(nn.Module):
@@ -167,19 +190,15 @@ class ParallelTransformer(nn.Module):
         self.final_layernorm = norm_class(config.shape.normalization)(config.shape.hidden_size,
                                                                       eps=config.layernorm_epsilon)
 
-    def _run(self, start, end):
-        def forward(hidden_states):
-            for layer in self.layers[start:end]:
-                hidden_states = layer(hidden_states)
-            return hidden_states
-        return forward
-
     def forward(self, hidden_states):
+        """Hidden states after the final norm; an MoE model: (those, moe loss)."""
+        state = hidden_states
         if self.checkpoint_activations and self.training:
             n = len(self.layers)
             for start in range(0, n, self.checkpoint_num_layers):
-                end = min(start + self.checkpoint_num_layers, n)
-                hidden_states = mpu.checkpoint(self._run(start, end), hidden_states)
+                state = checkpointed(self.layers[start:start + self.checkpoint_num_layers], state)
         else:
-            hidden_states = self._run(0, len(self.layers))(hidden_states)
-        return self.final_layernorm(hidden_states)
+            state = run_layers(self.layers, state)
+        if isinstance(state, tuple):
+            return self.final_layernorm(state[0]), state[1]
+        return self.final_layernorm(state)

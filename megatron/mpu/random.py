@@ -147,7 +147,9 @@ class CheckpointFunction(torch.autograd.Function):
             _TRACKER.set_states(tracker)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        torch.autograd.backward(outputs, grads)
+        # an output that does not depend on the inputs' graph (e.g. a value passed through) has nothing to do
+        pairs = [(out, grad) for out, grad in zip(outputs, grads) if out.requires_grad]
+        torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         return (None,) + tuple(x.grad for x in inputs)
 
 
