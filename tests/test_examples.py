@@ -47,7 +47,8 @@ def test_moe_example_prints_total_and_active_and_saves_experts_per_ep_rank(tmp_p
     assert f"estimated active model parameters: {active / 1e9}\n" in out
     assert " moe loss: " in out and " iteration        2/       2 |" in out
     saved = os.listdir(tmp_path / "ckpt" / "global_step2")
-    # TP=2 x DP=2, EP=2: every TP rank writes the experts of its EP rank, and its optimizer state
-    assert {f"layer_{m}_expert_{e}_mp_rank_{t:02d}_model_states.pt"
-            for m in range(2) for e in range(4) for t in range(2)} <= set(saved)
-    assert {f"expp_rank_{r}_mp_rank_{t:02d}_optim_states.pt" for r in range(2) for t in range(2)} <= set(saved)
+    # TP=2 x DP=2, EP=2: DeepSpeed's expert-parallel groups are consecutive ranks, here the TP pairs,
+    # so TP rank t of DP replica 0 is EP rank t, holds experts 2t and 2t + 1 and writes them
+    assert {f"layer_{m}_expert_{e}_mp_rank_{e // 2:02d}_model_states.pt" for m in range(2) for e in range(4)} \
+        <= set(saved)
+    assert {f"expp_rank_{t}_mp_rank_{t:02d}_optim_states.pt" for t in range(2)} <= set(saved)
