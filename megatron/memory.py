@@ -35,6 +35,7 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MASTER_BYTES = 4  # fp32 master weights, Adam moments and DeepSpeed's fp32 partitions
 STEP_BYTES = 4    # torch.optim.AdamW's per-parameter `step`: a 0-dim fp32 tensor
 REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's zero_optimization.reduce_bucket_size default
+MOE_ACTIVATIONS_NOTE = " (MoE layers counted as dense ones: routing and capacity buffers not included)"
 WRAPPER_NAMES = {"torch": "torch optimizer", "fp16_unfused": "FP16_UnfusedOptimizer", "fp16_fused": "FP16_Optimizer",
                  "bf16": "BF16_Optimizer", "zero": "DeepSpeedZeroOptimizer",
                  "zero3": "DeepSpeedZeroOptimizer_Stage3, an estimate"}
@@ -60,6 +61,7 @@ class TrainingSetup:
     reduce_bucket_size: int = REDUCE_BUCKET_SIZE
     overlap_comm: bool = False
     grad_accum_dtype: str = None        # ds_config data_types.grad_accum_dtype; None: the model dtype
+    moe: bool = False                   # an MoE model: DeepSpeed reduces the gradients even at DP = 1
 
     @classmethod
     def from_args(cls, args, fused_adam=False):
@@ -78,7 +80,8 @@ class TrainingSetup:
                    hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                    reduce_bucket_size=int(zero.get("reduce_bucket_size", REDUCE_BUCKET_SIZE)),
                    overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
-                   grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype"))
+                   grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype"),
+                   moe=args.model_shape.is_moe)
 
     @property
     def model_bytes(self):
@@ -169,7 +172,12 @@ def model_state_bytes(params, setup, dp_rank=0):
     wrapper = setup.optimizer_wrapper()
     step = not setup.fused_adam  # FusedAdam keeps `step` in the param group, not per tensor
     if wrapper == "torch":
-        grads_flat_copy = full_grads if dp > 1 else 0  # DeepSpeed's bucketed all-reduce flattens
+        if dp > 1 or setup.moe:
+            # DeepSpeed's bucketed all-reduce runs (megatron/training.py skips it only for a dense
+            # model at DP = 1): it gives a parameter without a gradient a zero one, and flattens
+            with_grad = params
+            full_grads = sum(p.numel for p in params) * b
+        grads_flat_copy = full_grads if dp > 1 or setup.moe else 0
         return (sum(p.numel for p in params) * b, full_grads,
                 sum(_state_bytes(setup, p.numel, step) for p in with_grad), grads_flat_copy)
     if wrapper == "fp16_unfused":
@@ -327,7 +335,7 @@ def format_memory_report(shape, setup, ranks=None):
     top = most_loaded(ranks)
     lines.append(f"  most loaded rank (stage {top.stage}, DP rank {top.dp_rank}): {format_bytes(top.total)}; "
                  f"*activations estimated: {top.in_flight} micro-batch(es) in flight x "
-                 f"{format_bytes(top.activations_per_micro_batch)}")
+                 f"{format_bytes(top.activations_per_micro_batch)}{MOE_ACTIVATIONS_NOTE if setup.moe else ''}")
     if top.transient:
         lines.append(f"  plus up to {format_bytes(top.transient)} transient during backward / step "
                      f"(reduce buckets, unreduced or fp32 gradient copies; not in the total)")

@@ -73,6 +73,10 @@ def test_startup_count_is_exact_on_every_rank(runs, name, ep):
     assert f"estimated active model parameters without embeddings: {counts.active_no_embedding / 1e9}\n" in out
     assert f"experts per EP rank (EP={ep}): {4 // ep} experts" in out
     assert "disagrees with the analytic formula" not in out
+    # memory: every EP rank holds E/EP experts per MoE layer, and the prediction is exact on each
+    n = LAYOUTS[name][0]
+    assert f"weights + gradients + optimizer: predicted == measured on {n} of {n} ranks" in out
+    assert "(MoE layers counted as dense ones: routing and capacity buffers not included)" in out
 
 
 @pytest.mark.parametrize("name", ["tp2_pp2", "ep2"])
