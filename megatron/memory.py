@@ -336,6 +336,9 @@ def format_memory_report(shape, setup, ranks=None):
     lines.append(f"  most loaded rank (stage {top.stage}, DP rank {top.dp_rank}): {format_bytes(top.total)}; "
                  f"*activations estimated: {top.in_flight} micro-batch(es) in flight x "
                  f"{format_bytes(top.activations_per_micro_batch)}{MOE_ACTIVATIONS_NOTE if setup.moe else ''}")
+    if setup.moe and setup.zero_stage > 0:
+        lines.append(f"  estimate: with ZeRO {setup.zero_stage} DeepSpeed partitions the expert parameter groups over "
+                     f"the expert-data-parallel group, which this table does not model")
     if top.transient:
         lines.append(f"  plus up to {format_bytes(top.transient)} transient during backward / step "
                      f"(reduce buckets, unreduced or fp32 gradient copies; not in the total)")

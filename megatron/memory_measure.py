@@ -208,6 +208,8 @@ def finish_memory_probe(args):
         result.append((rank, stage, tp_rank, dp_rank, predicted[(stage, dp_rank)], dict(zip(FIELDS, values))))
     for line in format_comparison(result, probe.cuda):
         print_rank_last(line)
+    if setup.moe and setup.zero_stage > 0:
+        print_rank_last("  (MoE with ZeRO: the prediction does not model the expert groups' partitioning, see above)")
     args.memory_measured = result
     return result
 
