@@ -4,7 +4,7 @@
   tp2_pp2    4 ranks  TP2 x PP2 on the pipeline engine (EP1): whole experts with DeepSpeed's token
                       split / gather over TP, the moe loss across a stage boundary, and a first
                       stage without an MoE layer
-  ep2        2 ranks  pipeline engine at PP1, DP2 x EP2
+  ep2        2 ranks  pipeline engine at PP1, DP2 x EP2 (and once more in bf16 with ZeRO-1)
 
 Every run prints the exact total and active counts; tp2_pp2 and ep2 reproduce ref's losses (the
 same tokens meet the same experts; only the order of float sums differs). tp2_pp2 and ep2 save at
@@ -28,6 +28,7 @@ LAYOUTS = {"ref": (1, ["--no-pipeline-parallel"]),
                            "--make-vocab-size-divisible-by", 64]),
            "ep2": (2, ["--moe-expert-parallel-size", 2])}
 RESUMED = ("tp2_pp2", "ep2")
+BF16_ZERO1 = ["--bf16", "--zero-stage", 1, "--create-moe-param-group"]
 SHAPE = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
                    max_position_embeddings=32, num_experts=(4,), topk=2)
 
@@ -49,6 +50,7 @@ def runs(tmp_path_factory):
         if name in RESUMED:
             _point_trackers_at(ckpt, RESUME_AT)
             out[f"{name}_resumed"] = launch(ranks, TINY + MOE + extra + ["--load", ckpt], str(tmp / f"{name}_resumed"))
+    out["ep2_bf16_zero1"] = launch(2, TINY + MOE + LAYOUTS["ep2"][1] + BF16_ZERO1, str(tmp / "ep2_bf16_zero1"))
     return out
 
 
@@ -100,3 +102,14 @@ def test_resume_is_exact(runs, name):
     resumed_log, whole_log = (logged_iterations(runs[n][0].stdout) for n in (f"{name}_resumed", name))
     for it in range(RESUME_AT + 1, ITERS + 1):
         assert resumed_log[it]["moe loss"] == whole_log[it]["moe loss"]
+
+
+def test_bf16_zero1_trains_close_to_fp32(runs):
+    """Mixed precision with ZeRO-1 and the experts in their own param groups (DeepSpeed partitions
+    those over the expert-data-parallel group): bf16 rounding only."""
+    ref, bf16 = (logged_iterations(runs[n][0].stdout) for n in ("ref", "ep2_bf16_zero1"))
+    assert sorted(bf16) == list(range(1, ITERS + 1))
+    for it in ref:
+        assert bf16[it]["lm loss"] == pytest.approx(ref[it]["lm loss"], rel=2e-2), it
+        assert bf16[it]["moe loss"] == pytest.approx(ref[it]["moe loss"], rel=5e-2), it
+    assert "estimate: with ZeRO 1 DeepSpeed partitions the expert parameter groups" in runs["ep2_bf16_zero1"][0].stdout
