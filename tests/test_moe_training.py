@@ -48,6 +48,7 @@ def runs(tmp_path_factory):
         save = ["--save", ckpt, "--save-interval", RESUME_AT] if name in RESUMED else []
         out[name] = launch(ranks, TINY + MOE + extra + save, str(tmp / name))
         if name in RESUMED:
+            out[f"{name}_ckpt"] = ckpt
             _point_trackers_at(ckpt, RESUME_AT)
             out[f"{name}_resumed"] = launch(ranks, TINY + MOE + extra + ["--load", ckpt], str(tmp / f"{name}_resumed"))
     out["ep2_bf16_zero1"] = launch(2, TINY + MOE + LAYOUTS["ep2"][1] + BF16_ZERO1, str(tmp / "ep2_bf16_zero1"))
@@ -113,3 +114,16 @@ def test_bf16_zero1_trains_close_to_fp32(runs):
         assert bf16[it]["lm loss"] == pytest.approx(ref[it]["lm loss"], rel=2e-2), it
         assert bf16[it]["moe loss"] == pytest.approx(ref[it]["moe loss"], rel=5e-2), it
     assert "estimate: with ZeRO 1 DeepSpeed partitions the expert parameter groups" in runs["ep2_bf16_zero1"][0].stdout
+
+
+def test_export_refuses_an_moe_checkpoint_in_one_line(runs, tmp_path):
+    import subprocess
+    import sys
+    from megatron.launch import ROOT
+    proc = subprocess.run([sys.executable, "tools/convert_checkpoint_to_hf.py", "--load", str(runs["tp2_pp2_ckpt"]),
+                           "--output", str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"convert_checkpoint_to_hf.py: error: {runs['tp2_pp2_ckpt']}/global_step3: a mixture-of-"
+                           f"experts model (4 experts per MoE layer) has no transformers architecture here "
+                           f"(GPT2LMHeadModel, LlamaForCausalLM are dense)\n")
+    assert not (tmp_path / "hf").exists()
