@@ -17,7 +17,7 @@ def run_example(script, tmp_path, *flags, **env):
 
 
 def test_quickstart_trains_evaluates_saves_and_resumes(tmp_path):
-    quick = ["--log-interval", "1", "--eval-interval", "2", "--save-interval", "2"]
+    quick = ["--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2"]
     out = run_example("pretrain_gpt_tiny_cpu.sh", tmp_path, *quick, TRAIN_ITERS=2)
     assert "estimated model parameters: 0.001858304\n" in out  # 4 layers, h 128, vocab 8192, seq 128
     assert " iteration        2/       2 |" in out
