@@ -33,7 +33,10 @@ def test_seed_launch_script_prints_the_exact_52m_count(tmp_path):
     out = run_example("pretrain_gpt_seed_52m.sh", tmp_path, N_GPUS=2, TP_SIZE=2, PP_SIZE=1, EXIT_INTERVAL=1)
     assert "estimated model parameters: 0.051565568\n" in out
     assert "estimated model parameters without embeddings: 0.025220096\n" in out
-    assert "exiting program at iteration 1" in out
+    # --exit-interval saves before it exits (the script passes --save)
+    saved = f"saved checkpoint at iteration 1 to {tmp_path / 'ckpt'}\n"
+    assert saved in out and "exiting program at iteration 1" in out
+    assert out.index(saved) < out.index("exiting program at iteration 1")
 
 
 def test_moe_example_prints_total_and_active_and_saves_experts_per_ep_rank(tmp_path):
