@@ -1,5 +1,7 @@
-"""Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo) the way users do, and read
-the Megatron log lines it prints. Shared by the tests and the benchmarks."""
+"""Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo) through DeepSpeed's own
+launcher, and read the Megatron log lines it prints. Shared by the tests and the benchmarks."""
+import base64
+import json
 import os
 import re
 import socket
@@ -19,11 +21,19 @@ def free_port():
 
 
 def run_deepspeed(num_ranks, script, flags, env=None, threads_per_rank=1, timeout=None):
-    """The completed process, stdout and stderr together in `.stdout`; runs from the repository root."""
+    """The completed process, stdout and stderr together in `.stdout`; runs from the repository root.
+
+    Runs the command that `deepspeed --num_gpus N` (deepspeed.launcher.runner) execs on a single
+    node: DeepSpeed's per-node launcher, which spawns the ranks and sets their environment. The
+    runner itself only builds that command, in a process of its own that imports torch and
+    DeepSpeed (3-4 s a launch); the README's example scripts, tested in tests/test_examples.py,
+    still go through the `deepspeed` command itself."""
     env = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads_per_rank),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
-           "--master_port", str(free_port()), script] + [str(f) for f in flags]
+    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--log_level=info",
+           script] + [str(f) for f in flags]
     return subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
 

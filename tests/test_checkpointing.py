@@ -1,6 +1,9 @@
-"""Interrupted-then-resumed runs reproduce the uninterrupted run; half-written checkpoints are
-never picked up; a checkpoint of another model shape is refused with both shapes named; the
-TensorBoard event file holds the expected scalars."""
+"""Resumed runs reproduce the uninterrupted run; half-written checkpoints are never picked up; a
+finished run reloaded trains nothing; a checkpoint of another model shape is refused with both
+shapes named; the TensorBoard event file holds the expected scalars.
+
+Each layout runs once uninterrupted, saving at iteration 4 and at its end (8): that run is the
+reference, and its checkpoints are what the resumed, reloaded and refused launches start from."""
 import dataclasses
 import math
 import os
@@ -10,7 +13,7 @@ import pytest
 
 from launcher import launch
 
-ITERS, EXIT_AT = 8, 4
+ITERS, RESUME_AT = 8, 4
 
 
 def real_data_args(corpus, tp=1, pp=1):
@@ -22,52 +25,66 @@ def real_data_args(corpus, tp=1, pp=1):
             "--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp]  # dropout stays on
 
 
-def interrupted_and_resumed(corpus, tmp_path, tp, pp):
-    ranks = tp * pp
-    args = real_data_args(corpus, tp, pp)
-    _, whole = launch(ranks, args + ["--tensorboard-dir", tmp_path / "tb", "--log-timers-to-tensorboard",
-                                     "--log-batch-size-to-tensorboard", "--log-validation-ppl-to-tensorboard"],
-                      str(tmp_path / "whole"))
-    ckpt = tmp_path / "ckpt"
-    _, first = launch(ranks, args + ["--save", ckpt, "--save-interval", 100, "--exit-interval", EXIT_AT],
-                      str(tmp_path / "first"))
-    # a crash during a later save: its directory exists but the pointers were never moved
-    shutil.copytree(ckpt / f"global_step{EXIT_AT}", ckpt / "global_step6")
+def uninterrupted(corpus, tmp, tp, pp):
+    """Iterations 1-8 in one launch, saving at 4 and at the end, with TensorBoard logging."""
+    ckpt = tmp / "ckpt"
+    proc, ranks = launch(tp * pp, real_data_args(corpus, tp, pp) + [
+        "--save", ckpt, "--save-interval", RESUME_AT, "--tensorboard-dir", tmp / "tb", "--log-timers-to-tensorboard",
+        "--log-batch-size-to-tensorboard", "--log-validation-ppl-to-tensorboard"], str(tmp / "whole"))
+    assert sorted(os.listdir(ckpt)) == [f"global_step{RESUME_AT}", f"global_step{ITERS}", "latest",
+                                        "latest_checkpointed_iteration.txt"]
+    return {"proc": proc, "ranks": ranks, "ckpt": ckpt, "tb": tmp / "tb", "tmp": tmp}
+
+
+def resumed(corpus, run, tp, pp):
+    """Launched on iteration 4's checkpoint as an interrupted run leaves it: the pointers name
+    iteration 4, and a crash during a later save left that save's directory half written."""
+    ckpt = run["tmp"] / "interrupted"
+    shutil.copytree(run["ckpt"] / f"global_step{RESUME_AT}", ckpt / f"global_step{RESUME_AT}")
+    (ckpt / "latest").write_text(f"global_step{RESUME_AT}")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(RESUME_AT))
+    shutil.copytree(ckpt / f"global_step{RESUME_AT}", ckpt / "global_step6")
     for name in os.listdir(ckpt / "global_step6"):
         if name.startswith("layer_01"):
             os.remove(ckpt / "global_step6" / name)
-    proc, resumed = launch(ranks, args + ["--load", ckpt], str(tmp_path / "resumed"))
-    assert f"loaded checkpoint {ckpt}/global_step{EXIT_AT}/" in proc.stdout
-    last = ranks - 1  # the last rank logs the loss under pipeline parallelism
-    return whole[last], first[last], resumed[last]
+    proc, ranks = launch(tp * pp, real_data_args(corpus, tp, pp) + ["--load", ckpt], str(run["tmp"] / "resumed"))
+    assert f"loaded checkpoint {ckpt}/global_step{RESUME_AT}/" in proc.stdout
+    return ranks[tp * pp - 1]  # the last rank logs the loss under pipeline parallelism
 
 
-def test_resume_is_bit_for_bit_at_tp1_pp1(corpus, tmp_path):
-    whole, first, resumed = interrupted_and_resumed(corpus, tmp_path, 1, 1)
-    assert sorted(map(int, first["losses"])) == list(range(1, EXIT_AT + 1))
-    assert sorted(map(int, resumed["losses"])) == list(range(EXIT_AT + 1, ITERS + 1))
-    for it in range(1, ITERS + 1):
-        source = first if it <= EXIT_AT else resumed
-        assert source["losses"][str(it)] == whole["losses"][str(it)], f"iteration {it}"
-    assert resumed["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
-    _check_tensorboard(tmp_path / "tb", whole)
+@pytest.fixture(scope="module")
+def tp1_pp1(corpus, tmp_path_factory):
+    return uninterrupted(corpus, tmp_path_factory.mktemp("tp1_pp1"), 1, 1)
+
+
+def test_resume_is_bit_for_bit_at_tp1_pp1(corpus, tp1_pp1):
+    whole = tp1_pp1["ranks"][0]
+    after = resumed(corpus, tp1_pp1, 1, 1)
+    assert sorted(map(int, whole["losses"])) == list(range(1, ITERS + 1))
+    assert sorted(map(int, after["losses"])) == list(range(RESUME_AT + 1, ITERS + 1))
+    for it in range(RESUME_AT + 1, ITERS + 1):
+        assert after["losses"][str(it)] == whole["losses"][str(it)], f"iteration {it}"
+    assert after["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
+    _check_tensorboard(tp1_pp1["tb"], whole)
 
 
 def test_resume_matches_at_tp2_pp2(corpus, tmp_path):
-    whole, first, resumed = interrupted_and_resumed(corpus, tmp_path, 2, 2)
-    for it in range(EXIT_AT + 1, ITERS + 1):
-        assert resumed["losses"][str(it)] == pytest.approx(whole["losses"][str(it)], rel=1e-6, abs=0)
-    assert resumed["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
+    run = uninterrupted(corpus, tmp_path, 2, 2)
+    whole, after = run["ranks"][3], resumed(corpus, run, 2, 2)
+    assert sorted(map(int, after["losses"])) == list(range(RESUME_AT + 1, ITERS + 1))
+    for it in range(RESUME_AT + 1, ITERS + 1):
+        assert after["losses"][str(it)] == pytest.approx(whole["losses"][str(it)], rel=1e-6, abs=0)
+    assert after["gigaflos_no_embeds"] == whole["gigaflos_no_embeds"]
 
 
-def test_checkpoint_of_another_shape_is_refused(corpus, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    saved, _ = launch(1, real_data_args(corpus) + ["--save", ckpt, "--exit-interval", 1], str(tmp_path / "a"))
+def test_checkpoint_of_another_shape_is_refused(corpus, tp1_pp1):
+    ckpt = tp1_pp1["ckpt"]
+    saved = tp1_pp1["proc"]
     assert "Using topology" in saved.stdout and "estimated model parameters" in saved.stdout
     before = sorted(os.listdir(ckpt))
     # another TP x PP layout is resharded (tests/test_checkpoint_layouts.py); another shape is refused
     proc, _ = launch(1, real_data_args(corpus) + ["--hidden-size", 128, "--load", ckpt, "--save", ckpt],
-                     str(tmp_path / "b"), check=False)
+                     str(tp1_pp1["tmp"] / "another_shape"), check=False)
     assert proc.returncode != 0
     assert ("pretrain_gpt.py: error: --load " + str(ckpt) + ": the checkpoint's model shape differs from this run's "
             "(kv_channels: saved 16 vs now 32, hidden_size: saved 64 vs now 128, "
@@ -117,17 +134,17 @@ def _check_tensorboard(logdir, whole):
     assert [e.step for e in vs_gigaflos] == [int(per_iteration * i) for i in range(1, ITERS + 1)]
 
 
-def test_reloading_a_finished_run_trains_nothing_and_exits_cleanly(tmp_path):
-    from launcher import TINY
-    ckpt = tmp_path / "ckpt"
-    args = TINY + ["--global-batch-size", 4, "--train-iters", 2, "--save", ckpt, "--load", ckpt]
-    launch(1, args, str(tmp_path / "first"))
-    for train_iters in (2, 1):  # the same schedule again, and a shorter one
+def test_reloading_a_finished_run_trains_nothing_and_exits_cleanly(corpus, tp1_pp1):
+    ckpt = tp1_pp1["tmp"] / "finished"
+    shutil.copytree(tp1_pp1["ckpt"], ckpt)
+    args = real_data_args(corpus) + ["--save", ckpt, "--load", ckpt]
+    for train_iters in (ITERS, RESUME_AT):  # the same schedule again, and a shorter one
         args[args.index("--train-iters") + 1] = train_iters
-        proc, results = launch(1, args, str(tmp_path / f"again{train_iters}"))
-        assert f"loaded checkpoint {ckpt}/global_step2/" in proc.stdout
-        assert results[0]["log_calls"] == 0 and results[0]["iteration"] == 2
-    assert sorted(os.listdir(ckpt)) == ["global_step2", "latest", "latest_checkpointed_iteration.txt"]
+        proc, results = launch(1, args, str(tp1_pp1["tmp"] / f"again{train_iters}"))
+        assert f"loaded checkpoint {ckpt}/global_step{ITERS}/" in proc.stdout
+        assert results[0]["log_calls"] == 0 and results[0]["iteration"] == ITERS
+    assert sorted(os.listdir(ckpt)) == [f"global_step{RESUME_AT}", f"global_step{ITERS}", "latest",
+                                        "latest_checkpointed_iteration.txt"]
 
 
 def _save_while_rank1_stalls(save_dir):

@@ -17,7 +17,7 @@ def run_example(script, tmp_path, *flags, **env):
 
 
 def test_quickstart_trains_evaluates_saves_and_resumes(tmp_path):
-    quick = ["--log-interval", "1", "--eval-interval", "2", "--save-interval", "2"]
+    quick = ["--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2"]
     out = run_example("pretrain_gpt_tiny_cpu.sh", tmp_path, *quick, TRAIN_ITERS=2)
     assert "estimated model parameters: 0.001858304\n" in out  # 4 layers, h 128, vocab 8192, seq 128
     assert " iteration        2/       2 |" in out
@@ -33,7 +33,10 @@ def test_seed_launch_script_prints_the_exact_52m_count(tmp_path):
     out = run_example("pretrain_gpt_seed_52m.sh", tmp_path, N_GPUS=2, TP_SIZE=2, PP_SIZE=1, EXIT_INTERVAL=1)
     assert "estimated model parameters: 0.051565568\n" in out
     assert "estimated model parameters without embeddings: 0.025220096\n" in out
-    assert "exiting program at iteration 1" in out
+    # --exit-interval saves before it exits (the script passes --save)
+    saved = f"saved checkpoint at iteration 1 to {tmp_path / 'ckpt'}\n"
+    assert saved in out and "exiting program at iteration 1" in out
+    assert out.index(saved) < out.index("exiting program at iteration 1")
 
 
 def test_moe_example_prints_total_and_active_and_saves_experts_per_ep_rank(tmp_path):

@@ -3,7 +3,9 @@ Megatron's schedule, the number of micro-batches follows it, samples per second 
 iteration time is the number of samples the iteration consumed, the per-replica figure is the
 total over the 2 replicas, and TFLOPs follow from the cached FLOPs per sample.
 Validation during the ramp-up counts the batches it really evaluated, so a run resumed in the
-middle of the ramp-up validates on the same samples as the uninterrupted run."""
+middle of the ramp-up (from the uninterrupted run's checkpoint of iteration 6) validates on the
+same samples as the uninterrupted run."""
+import shutil
 import re
 
 import pytest
@@ -12,7 +14,7 @@ from launcher import TINY, launch
 from megatron.launch import logged_iterations
 
 SEQ = 32
-EXIT_AT = 6
+RESUME_AT = 6
 
 
 def validation_losses(output):
@@ -27,8 +29,9 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     base[base.index("--eval-interval") + 1] = "2"
     args = base + ["--train-samples", 60, "--global-batch-size", 8, "--rampup-batch-size", 2, 2, 24,
                    "--lr-warmup-samples", 8, "--checkpoint-activations"]
+    saved = tmp_path / "saved"
     whole_args = args + ["--tensorboard-dir", tmp_path / "tb", "--log-batch-size-to-tensorboard",
-                         "--log-timers-to-tensorboard"]
+                         "--log-timers-to-tensorboard", "--save", saved, "--save-interval", RESUME_AT]
     proc, results = launch(2, whole_args, str(tmp_path / "run"))
     last = results[1]
     # start 2, +2 every 24/3 = 8 samples until 8: 2,2,2,2 | 4,4 | 6,6 | 8,8,8,8 (60 samples)
@@ -65,11 +68,16 @@ def test_rampup_schedule_and_logged_throughput(tmp_path):
     # evaluation after iteration 2k runs one batch of the next iteration's size: 2, 4, 6, 8, 8, 8,
     # and one more at the end of training
     assert last["consumed_valid_samples"] == 2 + 4 + 6 + 8 + 8 + 8 + 8
+    # resumed from iteration 6 (batch 6, in the middle of the ramp-up), as an interrupted run leaves it
     ckpt = tmp_path / "ckpt"
-    _, first = launch(2, args + ["--save", ckpt, "--save-interval", 100, "--exit-interval", EXIT_AT],
-                      str(tmp_path / "first"))
-    assert first[1]["consumed_valid_samples"] == 2 + 4 + 6
-    resumed_proc, _ = launch(2, args + ["--load", ckpt], str(tmp_path / "resumed"))
+    shutil.copytree(saved / f"global_step{RESUME_AT}", ckpt / f"global_step{RESUME_AT}")
+    (ckpt / "latest").write_text(f"global_step{RESUME_AT}")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(RESUME_AT))
+    resumed_proc, resumed_ranks = launch(2, args + ["--load", ckpt], str(tmp_path / "resumed"))
+    assert f"loaded checkpoint {ckpt}/global_step{RESUME_AT}/" in resumed_proc.stdout
+    # it evaluated one batch of 8 after iterations 8, 10 and 12 and at the end, on top of the
+    # 2 + 4 + 6 samples the checkpoint of iteration 6 had consumed
+    assert resumed_ranks[1]["consumed_valid_samples"] == (2 + 4 + 6) + 4 * 8
     whole, resumed = validation_losses(proc.stdout), validation_losses(resumed_proc.stdout)
     assert sorted(resumed) == ["iteration 10", "iteration 12", "iteration 8", "the end of training for val data"]
     for name, loss in resumed.items():  # the same held-out samples as the uninterrupted run
