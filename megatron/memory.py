@@ -167,17 +167,15 @@ def _state_bytes(setup, numel, per_tensor_step=True):
 def model_state_bytes(params, setup, dp_rank=0):
     """(weights, gradients, optimizer, transient) bytes of one rank holding `params`."""
     b, dp = setup.model_bytes, setup.data_parallel_size
-    with_grad = [p for p in params if p.has_grad]
-    full_grads = sum(p.numel for p in with_grad) * b
     wrapper = setup.optimizer_wrapper()
+    # fp32 without ZeRO: DeepSpeed's bucketed all-reduce runs unless megatron/training.py skips it
+    # (a dense model at DP = 1); it gives a parameter without a gradient a zero one, and flattens
+    reduces = wrapper == "torch" and (dp > 1 or setup.moe)
+    with_grad = params if reduces else [p for p in params if p.has_grad]
+    full_grads = sum(p.numel for p in with_grad) * b
     step = not setup.fused_adam  # FusedAdam keeps `step` in the param group, not per tensor
     if wrapper == "torch":
-        if dp > 1 or setup.moe:
-            # DeepSpeed's bucketed all-reduce runs (megatron/training.py skips it only for a dense
-            # model at DP = 1): it gives a parameter without a gradient a zero one, and flattens
-            with_grad = params
-            full_grads = sum(p.numel for p in params) * b
-        grads_flat_copy = full_grads if dp > 1 or setup.moe else 0
+        grads_flat_copy = full_grads if reduces else 0
         return (sum(p.numel for p in params) * b, full_grads,
                 sum(_state_bytes(setup, p.numel, step) for p in with_grad), grads_flat_copy)
     if wrapper == "fp16_unfused":
