@@ -11,6 +11,7 @@ Each RUN_DIR is the --tensorboard-dir of one run. Needs the `plots` extra (matpl
 pip install -e ".[plots]". The points come from tools/run_curves.py, the fit from
 tools/power_law_fit.py; this file only selects, prints and draws."""
 import argparse
+import math
 import os
 import sys
 
@@ -74,6 +75,7 @@ def draw(runs, fits, args):
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib import ticker
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharey="row")
     colors = {run.path: f"C{i}" for i, run in enumerate(runs)}
@@ -86,6 +88,8 @@ def draw(runs, fits, args):
                     ax.plot(x, y, marker="." if which == "validation" else None, color=colors[run.path],
                             label=legend_label(run) if (row, col) == (0, 0) else None)
             ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(ticker.FuncFormatter(_minor_label))
             ax.set_xlabel("gigaflos (without embeddings)" if axis == "gigaflos" else "tokens")
             ax.set_ylabel(f"{which} lm loss")
             ax.grid(True, which="both", alpha=0.3)
@@ -93,11 +97,11 @@ def draw(runs, fits, args):
                 ax.text(0.5, 0.5, f"no {which} points", ha="center", transform=ax.transAxes)
     fit_ax = axes[0 if args.fit_on == "training" else 1][0]
     for arch, fit in fits.items():
-        color = colors[next(run.path for run in runs if run.architecture == arch)]
+        members = [run for run in runs if run.architecture == arch]
         c = np.geomspace(fit.c_min, fit.c_max, 100)
-        fit_ax.plot(c, fit(c), linestyle="--", color=color, linewidth=2,
-                    label=f"fit: alpha = {fit.alpha:.3f} +- {fit.alpha_err:.3f}, L_inf = {fit.l_inf:.2f} "
-                          f"+- {fit.l_inf_err:.2f}")
+        label = (f"fit {', '.join(run.name for run in members)} ({args.fit_on}): alpha = {fit.alpha:.3f} "
+                 f"+- {fit.alpha_err:.3f}, L_inf = {fit.l_inf:.2f} +- {fit.l_inf_err:.2f}")
+        fit_ax.plot(c, fit(c), linestyle="--", color=colors[members[0].path], linewidth=2, label=label)
     handles, labels = [], []
     for ax in (axes[0][0], axes[1][0]):
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -112,6 +116,12 @@ def draw(runs, fits, args):
     plt.close(fig)
 
 
+def _minor_label(value, _):
+    """2 and 5 x 10^k only: a run spanning less than a decade still gets labels, without crowding."""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
@@ -120,6 +130,10 @@ def main(argv=None):
     except ImportError as e:
         raise RunError(f"{e.name} is not installed: pip install -e \".[plots]\"") from None
     runs = [load_run(path) for path in args.runs]
+    names = [run.name for run in runs]
+    for run in runs:  # runs in .../a/tb and .../b/tb: the legend names them by their paths
+        if names.count(run.name) > 1:
+            run.name = os.path.normpath(run.path)
     check_comparable(runs)
     for run in runs:
         print(f"{legend_label(run)} | sequence length {run.seq_length} | {len(run.train.loss)} training and "

@@ -38,14 +38,15 @@ def fit_power_law(c, loss):
     c0 = float(np.exp(np.mean(np.log(c))))
     x = c / c0
     # start: L_inf a little under the lowest loss, then a line through log(L - L_inf) vs log C
-    l_inf0 = loss.min() - 0.1 * (loss.max() - loss.min()) - 1e-3
-    slope, intercept = np.polyfit(np.log(x), np.log(loss - l_inf0), 1)
+    l_inf0 = max(0.0, loss.min() - 0.1 * (loss.max() - loss.min()) - 1e-3)
+    slope, intercept = np.polyfit(np.log(x), np.log(np.maximum(loss - l_inf0, 1e-6)), 1)
     start = (np.exp(intercept), max(-slope, 1e-3), l_inf0)
 
     def model(x, a, alpha, l_inf):
         return a * np.power(x, -alpha) + l_inf
 
-    params, cov = curve_fit(model, x, loss, p0=start, maxfev=20000)
+    # a loss that falls with compute towards a non-negative floor: a, alpha, L_inf >= 0
+    params, cov = curve_fit(model, x, loss, p0=start, bounds=(0, np.inf), maxfev=20000)
     a_scaled, alpha, l_inf = params
     # a = a' c0^alpha: its error by the Jacobian of (a', alpha) -> a
     scale = c0 ** alpha

@@ -119,6 +119,7 @@ def tokenize_into(args, builders):
     counts = {key: [0, 0] for key in builders}
     start = time.time()
     total_bytes = lines_done = skipped = 0
+    input_bytes = os.path.getsize(args.input)  # what is left, for the ETA: documents vary, bytes do not lie
     with open(args.input, "rb") as fin:
         # Blank lines (e.g. a trailing one) are not documents and not errors.
         lines = ((n, line) for n, line in enumerate(fin, start=1) if line.strip())
@@ -138,20 +139,30 @@ def tokenize_into(args, builders):
                     counts[key][1] += len(tokens)
             lines_done += 1
             if lines_done % args.log_interval == 0:
-                report_progress(lines_done, total_bytes, start)
+                report_progress(lines_done, total_bytes, start, input_bytes)
     for key, (documents, _) in counts.items():
         if documents == 0:
             raise ValueError(f"--input {args.input} has no documents with tokens under key {key!r}; check the file and --json-keys")
-    report_progress(lines_done, total_bytes, start)
+    report_progress(lines_done, total_bytes, start, input_bytes)
     for key, (documents, tokens) in counts.items():
         print(f"{output_prefix(args, key)}: {documents} documents, {tokens} tokens"
               + (f" ({skipped} invalid lines skipped)" if skipped else ""), file=sys.stderr)
     return {key: tuple(c) for key, c in counts.items()}
 
 
-def report_progress(documents, num_bytes, start):
+def report_progress(documents, num_bytes, start, input_bytes):
+    """Every --log-interval documents: the rates, the share of the input read and an ETA at the rate so far."""
     elapsed = max(time.time() - start, 1e-9)
-    print(f"Processed {documents} documents ({documents / elapsed:.1f} docs/s, {num_bytes / elapsed / 2**20:.2f} MB/s).", file=sys.stderr)
+    done = min(num_bytes / max(input_bytes, 1), 1.0)  # blank lines are not counted: at most a few bytes short
+    eta = elapsed * (1 - done) / done if done > 0 else 0.0
+    print(f"Processed {documents} documents ({documents / elapsed:.1f} docs/s, {num_bytes / elapsed / 2**20:.2f} MB/s); "
+          f"{num_bytes / 2**20:.2f} of {input_bytes / 2**20:.2f} MB ({100 * done:.1f}%), elapsed {_clock(elapsed)}, "
+          f"ETA {_clock(eta)}.", file=sys.stderr)
+
+
+def _clock(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 if __name__ == "__main__":
