@@ -5,7 +5,8 @@
 # same budget of gigaflos (6 x non-embedding N x tokens): each run's --train-samples follows from
 # its exact N (tools/param_count.py), so a smaller model sees more tokens. Then draws the curves
 # and fits L(C) = a C^-alpha + L_inf to each (tools/compare_runs.py; pip install -e ".[plots]").
-#   bash examples/arch_and_scaling_cpu.sh                       # 400 gigaflos per run, a few minutes
+#   bash examples/arch_and_scaling_cpu.sh        # 400 gigaflos per run: about 3 minutes of CPU time
+#   PICTURE=docs/arch_and_scaling.png bash examples/arch_and_scaling_cpu.sh   # the README's picture
 #   GIGAFLOS=100 PICTURE=/tmp/quick.png bash examples/arch_and_scaling_cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
