@@ -29,12 +29,16 @@ def _tool_module(name):
     return module
 
 
-run_curves = _tool_module("run_curves")
-power_law_fit = _tool_module("power_law_fit")
+# compare_runs.py imports its siblings by name, as `python tools/compare_runs.py` finds them
+run_curves = sys.modules["run_curves"] = _tool_module("run_curves")
+power_law_fit = sys.modules["power_law_fit"] = _tool_module("power_law_fit")
+compare_runs = _tool_module("compare_runs")
 
 
-def compare(*args):
-    return subprocess.run([sys.executable, TOOL, *map(str, args)], capture_output=True, text=True, timeout=120)
+def compare(capsys, *args):
+    """The command line in-process (one interpreter: matplotlib imported once); its stdout."""
+    compare_runs.main(list(map(str, args)))
+    return capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -66,20 +70,23 @@ def _read_back(path):
     return scalars, texts
 
 
-def test_points_and_legend_of_real_runs(real_runs, tmp_path):
+def test_points_and_legend_of_real_runs(real_runs, tmp_path, capsys):
     # by hand, h = 64, 2 layers: GPT-2 2 (12 h^2 + 13 h) + final LayerNorm 2h; LLaMA-style per layer
     # q 64x64 + k,v 2x(2 heads x 16)x64, dense 64x64, SwiGLU ffn int(8*64/3/64)*64 = 128 as
     # 3 x 128 x 64, two RMSNorm weights 2 x 64, plus the final RMSNorm 64
+    # (the embeddings: padded vocab 640 x 64, plus 32 x 64 positions for GPT-2, an untied output layer for LLaMA)
     expected = {"gpt2": (100_096, "learned positions, gelu ffn 256, layernorm, 4 heads, tied"),
                 "llama": (2 * (4096 + 4096 + 4096 + 3 * 128 * 64 + 128) + 64,
                           "rotary, swiglu ffn 128, rmsnorm, 4 query / 2 kv heads, untied, no bias")}
+    totals = {"gpt2": 100_096 + (640 + 32) * 64, "llama": 74_048 + 2 * 640 * 64}
     assert expected["llama"][0] == 74_048
     for name, (path, rank) in real_runs.items():
         n, arch = expected[name]
         assert rank["parameters_no_embedding"] == n
         run = run_curves.load_run(path)
         scalars, texts = _read_back(path)
-        assert (run.parameters_no_embedding, run.architecture, run.seq_length) == (n, arch, SEQ)
+        assert (run.parameters, run.parameters_no_embedding, run.compute_parameters) == (totals[name], n, n)
+        assert (run.architecture, run.seq_length) == (arch, SEQ)
         assert f"{n:,} without embeddings" in texts[0] and f"architecture: {arch}" in texts[0]
         assert run_curves.legend_label(run) == f"{name}: {arch}; N = {n:,} without embeddings"
 
@@ -103,27 +110,30 @@ def test_points_and_legend_of_real_runs(real_runs, tmp_path):
 
     # the command line on both: the legend lines it prints, and a picture
     out = tmp_path / "report.png"
-    proc = compare(real_runs["gpt2"][0], real_runs["llama"][0], "--output", out)
-    assert proc.returncode == 0, proc.stderr
+    printed = compare(capsys, real_runs["gpt2"][0], real_runs["llama"][0], "--output", out)
     for name, (n, arch) in expected.items():
         assert f"{name}: {arch}; N = {n:,} without embeddings | sequence length 32 | 6 training and 3 validation" \
-            in proc.stdout
+            in printed
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def write_run(path, seq=32, n=1_000_000, points=(), gigaflos=True, arch="learned positions, gelu ffn 256, "
-              "layernorm, 4 heads, tied"):
-    """An event file with the trainer's tags and text summary, for points (tokens, loss)."""
+def write_run(path, seq=32, n=1_000_000, points=(), gigaflos=True, active=None, flops_n=None):
+    """An event file with the trainer's tags and text summary, for points (tokens, loss); `active`:
+    an MoE run's active non-embedding count; `flops_n`: the N its gigaflos tag was written with."""
     from torch.utils.tensorboard import SummaryWriter
     writer = SummaryWriter(str(path))
-    writer.add_text("model/parameters (exact)", f"    model parameters (exact): {n + 1000:,} total, {n:,} without "
-                    f"embeddings (TP=1 PP=1 DP=1, padded vocab 640)\n    architecture: {arch}", 0)
+    text = [f"model parameters (exact): {n + 1000:,} total, {n:,} without embeddings (TP=1 PP=1 DP=1, padded "
+            "vocab 640)", "architecture: learned positions, gelu ffn 256, layernorm, 4 heads, tied"]
+    if active:
+        text.append(f"active parameters per token (exact): {active + 1000:,}, {active:,} without embeddings "
+                    "(top-1, 1 MoE layers of 4 experts)")
+    writer.add_text("model/parameters (exact)", "\n".join("    " + line for line in text), 0)
     for it, (tokens, loss) in enumerate(points, start=1):
         writer.add_scalar(TRAIN, loss, it)
         writer.add_scalar(TRAIN + " vs samples", loss, tokens // seq)
         writer.add_scalar(TRAIN + " vs tokens", loss, tokens)
         if gigaflos:
-            writer.add_scalar(TRAIN + GIGAFLOS, loss, int(6 * n * tokens / 1e9))
+            writer.add_scalar(TRAIN + GIGAFLOS, loss, int(6 * (flops_n or active or n) * tokens / 1e9))
     writer.close()
     return str(path)
 
@@ -136,7 +146,7 @@ def power_law_points(c, rng, noise=0.01):
 
 
 def test_fit_recovers_a_known_exponent_within_its_uncertainty():
-    c = np.geomspace(1, 1e4, 40)
+    c = np.geomspace(10, 1e5, 40)  # far from C = 1, where a and alpha are strongly correlated
     within = []
     for seed in range(40):
         fit = power_law_fit.fit_power_law(c, power_law_points(c, np.random.default_rng(seed)))
@@ -147,7 +157,7 @@ def test_fit_recovers_a_known_exponent_within_its_uncertainty():
     assert (np.array(within).sum(axis=0) >= 34).all(), np.array(within).sum(axis=0)
 
 
-def test_fit_from_the_command_line_over_selected_points(tmp_path):
+def test_fit_from_the_command_line_over_selected_points(tmp_path, capsys):
     seq, n = 32, 100_000
     tokens = np.unique(np.geomspace(1e3, 1e7, 40).astype(int) // seq * seq)
     c = 6 * n * tokens / 1e9  # 0.6 to 6000 gigaflos
@@ -155,9 +165,8 @@ def test_fit_from_the_command_line_over_selected_points(tmp_path):
     loss[c < 10] += 3.0  # a warmup transient the power law does not describe
     run = write_run(tmp_path / "synthetic", seq, n, zip(tokens.tolist(), loss.tolist()))
     out = tmp_path / "fit.svg"
-    proc = compare(run, "--output", out, "--fit", "--fit-min-gigaflos", 10)
-    assert proc.returncode == 0, proc.stderr
-    fit = re.search(r"alpha = ([\d.]+) \+- ([\d.]+), L_inf = ([\d.]+) \+- ([\d.]+) \((\d+) points", proc.stdout)
+    printed = compare(capsys, run, "--output", out, "--fit", "--fit-min-gigaflos", 10)
+    fit = re.search(r"alpha = ([\d.]+) \+- ([\d.]+), L_inf = ([\d.]+) \+- ([\d.]+) \((\d+) points", printed)
     alpha, alpha_err, l_inf, l_inf_err, used = map(float, fit.groups())
     assert used == (c >= 10).sum() < len(c)
     assert abs(alpha - ALPHA) < 2 * alpha_err < 0.1 and abs(l_inf - L_INF) < 2 * l_inf_err < 0.2
@@ -167,21 +176,34 @@ def test_fit_from_the_command_line_over_selected_points(tmp_path):
     assert abs(everything.a - A) > 3 * everything.a_err
 
 
-def test_bad_input_is_one_line(real_runs, tmp_path):
-    def error(*args):
-        proc = compare(*args, "--output", tmp_path / "x.png")
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-        assert not (tmp_path / "x.png").exists()
-        return proc.stderr
+def test_moe_run_is_placed_by_its_active_count(tmp_path):
+    # 10,000 tokens x 6 x 400,000 active = 24 gigaflos (the total non-embedding 1,000,000 would give 60)
+    run = run_curves.load_run(write_run(tmp_path / "moe", n=1_000_000, active=400_000, points=[(10_000, 5.0)]))
+    assert (run.compute_parameters, run.train.gigaflos) == (400_000, [24.0])
+    with pytest.raises(run_curves.RunError, match=r"step 60 is not 6 x N x tokens = 24.000 gigaflos"):
+        run_curves.load_run(write_run(tmp_path / "total", active=400_000, flops_n=1_000_000, points=[(10_000, 5.0)]))
 
+
+def test_bad_input_is_one_line(real_runs, tmp_path, capsys):
+    # the command line as users run it: one line on stderr, exit code 2, no picture
     (tmp_path / "empty").mkdir()
-    assert error(tmp_path / "empty") == (f"compare_runs.py: error: {tmp_path / 'empty'}: no TensorBoard event files "
-                                         "(events.out.tfevents.*); pass the --tensorboard-dir of a training run\n")
+    proc = subprocess.run([sys.executable, TOOL, tmp_path / "empty", "--output", tmp_path / "x.png"],
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (2, f"compare_runs.py: error: {tmp_path / 'empty'}: no TensorBoard event "
+                                                 "files (events.out.tfevents.*); pass the --tensorboard-dir of a "
+                                                 "training run\n")
+
+    def error(*args):
+        with pytest.raises(run_curves.RunError) as e:
+            compare(capsys, *args, "--output", tmp_path / "x.png")
+        assert "\n" not in str(e.value) and not (tmp_path / "x.png").exists()
+        return str(e.value)
+
     old = write_run(tmp_path / "old", points=[(64, 7.0), (128, 6.5)], gigaflos=False)
     assert f"{old}: no 'lm-loss-training/lm loss vs gigaflos (without embeddings)' scalars" in error(old)
     seq64 = write_run(tmp_path / "seq64", seq=64, points=[(128, 7.0), (256, 6.5)])
-    assert error(real_runs["gpt2"][0], seq64) == ("compare_runs.py: error: the runs have different --seq-length "
-                                                  "(gpt2: 32, seq64: 64); compare runs of one sequence length\n")
+    assert error(real_runs["gpt2"][0], seq64) == ("the runs have different --seq-length (gpt2: 32, seq64: 64); "
+                                                  "compare runs of one sequence length")
     assert "--fit: 2 training points of seq64" in error(seq64, "--fit")
     no_fit = error(seq64, "--fit-min-gigaflos", 1)
     assert "--fit-min-gigaflos / --fit-max-gigaflos select the points of --fit: add --fit" in no_fit
