@@ -140,8 +140,8 @@ def build_data_iterators(provider, args, progress, batch_fn):
     for split, (dataset, done) in enumerate(zip(datasets, consumed)):
         if dataset is not None:  # a finished run reloaded with a shorter schedule has nothing left
             done = min(done, len(dataset))
-        loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size,
-                                               args.num_workers)
+        workers = args.valid_num_workers if split == 1 and args.valid_num_workers is not None else args.num_workers
+        loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size, workers)
         if loader is None:
             iterators.append(None)
         else:
