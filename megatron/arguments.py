@@ -244,6 +244,8 @@ def _add_published_script_args(parser):
                    help="Python / DeepSpeed logger level on rank 0 (BigScience)")
     g.add_argument("--log-level-replica", choices=levels, default=None,
                    help="Python / DeepSpeed logger level on every other rank (BigScience)")
+    g.add_argument("--sync-tp-duplicated-parameters", action="store_true",
+                   help="average the parameters every TP rank holds whole over TP before each forward (BigScience)")
     g.add_argument("--valid-num-workers", type=int, default=None,
                    help="DataLoader workers of the validation split (default: --num-workers)")
     g.add_argument("--codecarbon-dir", type=str, default=None, help="accepted; no effect")

@@ -19,6 +19,7 @@ from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import gigaflos_no_embeds
 from megatron.model.moe import pop_moe_loss
+from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
@@ -70,6 +71,8 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
 
 def setup_model_and_optimizer(model_provider, args):
     model = model_provider(args)
+    if args.sync_tp_duplicated_parameters:
+        install_tp_duplicate_sync(model, mpu)
     # the one and only parameter count of the run
     counts = compute_parameter_counts(model, mpu)
     cache_parameter_counts(args, counts)

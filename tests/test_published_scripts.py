@@ -263,3 +263,50 @@ def test_clip_grad_under_a_ds_config_follows_the_forks(tmp_path):
     # no ds_config at all: the flag is the only clipping there is
     assert flag_only["update_norm"] == pytest.approx(CLIP_FLAG, rel=1e-4)
     assert flag_only["lines"] == []
+
+
+# --- --sync-tp-duplicated-parameters: TP ranks that drifted apart meet at their mean -------------
+
+def _sync_at_tp2():
+    import torch
+
+    import pretrain_gpt
+    from megatron import mpu, training
+    from megatron.initialize import initialize_megatron
+    from megatron.training_state import TrainingProgress
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = initialize_megatron(args_list=[str(f) for f in STEP] + [
+            "--tensor-model-parallel-size", "2", "--no-pipeline-parallel", "--sync-tp-duplicated-parameters"])
+        engine, _, _ = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
+                                                     TrainingProgress(), pretrain_gpt.get_batch)
+    tokens, (labels, mask) = next(train_iter)
+    named = dict(engine.module.named_parameters())
+    duplicated = sorted(n for n, p in named.items() if not getattr(p, "tensor_model_parallel", False))
+    in_sync = {n: p.detach().clone() for n, p in named.items()}
+    with torch.no_grad():
+        engine.module(tokens, labels, mask)
+    unchanged = all(torch.equal(in_sync[n], p) for n, p in named.items())
+    with torch.no_grad():  # TP rank 1 drifts: every duplicated parameter off by rank-1 noise
+        for n in duplicated:
+            if mpu.get_tensor_model_parallel_rank() == 1:
+                named[n].add_(torch.randn(named[n].shape, generator=torch.Generator().manual_seed(3)))
+        drifted = {n: named[n].detach().clone() for n in duplicated}
+        engine.module(tokens, labels, mask)
+    return {"duplicated": duplicated, "unchanged_in_sync": unchanged, "drifted": drifted,
+            "after": {n: named[n].detach().clone() for n in duplicated}}
+
+
+def test_sync_tp_duplicated_parameters_averages_drifted_copies():
+    import torch
+    rank0, rank1 = run_distributed(2, _sync_at_tp2, tp=2)
+    assert rank0["unchanged_in_sync"] and rank1["unchanged_in_sync"]  # copies that agree stay bit for bit
+    # the norms, row-parallel biases and position table are what TP duplicates
+    assert any(n.endswith("input_layernorm.weight") for n in rank0["duplicated"])
+    assert any(n.endswith("dense.bias") for n in rank0["duplicated"])
+    for n in rank0["duplicated"]:
+        assert not torch.equal(rank0["drifted"][n], rank1["drifted"][n])
+        mean = (rank0["drifted"][n] + rank1["drifted"][n]) / 2
+        torch.testing.assert_close(rank0["after"][n], mean, rtol=0, atol=1e-6)
+        assert torch.equal(rank0["after"][n], rank1["after"][n])
