@@ -246,6 +246,8 @@ def _add_published_script_args(parser):
                    help="Python / DeepSpeed logger level on every other rank (BigScience)")
     g.add_argument("--sync-tp-duplicated-parameters", action="store_true",
                    help="average the parameters every TP rank holds whole over TP before each forward (BigScience)")
+    g.add_argument("--skip-train-iteration-range", nargs="+", default=None, metavar="START-END",
+                   help="iterations that train nothing: their batches are read and dropped (BigScience)")
     g.add_argument("--valid-num-workers", type=int, default=None,
                    help="DataLoader workers of the validation split (default: --num-workers)")
     g.add_argument("--codecarbon-dir", type=str, default=None, help="accepted; no effect")
@@ -382,6 +384,9 @@ def validate_args(args, world_size=None, cuda_available=None):
     _validate_moe(args)
     _validate_batch_sizes(args)
     _validate_training_length(args)
+    if args.skip_train_iteration_range:
+        from megatron.skip_iterations import parse_ranges
+        args.skip_train_iteration_range = parse_ranges(args.skip_train_iteration_range)
     _validate_precision(args, cuda_available)
     _validate_data(args)
     # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only

@@ -20,6 +20,7 @@ from megatron.microbatches import NumMicroBatchesCalculator, num_train_iteration
 from megatron.model.analytic import gigaflos_no_embeds
 from megatron.model.moe import pop_moe_loss
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
+from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
@@ -227,11 +228,23 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
     steps.engine.train()
     stats = IntervalStats()
     start_time = time.time()
+    announced = set()
     while True:
         if args.train_iters is not None and progress.iteration >= args.train_iters:
             return "finished"
         if args.train_samples is not None and progress.consumed_train_samples >= args.train_samples:
             return "finished"
+        skipped = skipped_range(args.skip_train_iteration_range, progress.iteration + 1)
+        if skipped:  # read and drop this iteration's batches (megatron/skip_iterations.py)
+            if skipped not in announced:
+                announced.add(skipped)
+                print_rank_0(f"skipping iterations {progress.iteration + 1} to {skipped[1]} "
+                             f"(--skip-train-iteration-range)")
+            gbs = calculator.get_current_global_batch_size()
+            skip_iteration(calculator, train_iter, progress)
+            if calculator.get_current_global_batch_size() != gbs:
+                steps.engine.set_train_batch_size(calculator.get_current_global_batch_size())
+            continue
         # the interval time covers training steps only, not evaluation or checkpoint saves
         timers("interval-time").start()
         loss, gbs = train_step(steps, lr_scheduler, calculator, train_iter, progress, args)

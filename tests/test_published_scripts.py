@@ -310,3 +310,30 @@ def test_sync_tp_duplicated_parameters_averages_drifted_copies():
         mean = (rank0["drifted"][n] + rank1["drifted"][n]) / 2
         torch.testing.assert_close(rank0["after"][n], mean, rtol=0, atol=1e-6)
         assert torch.equal(rank0["after"][n], rank1["after"][n])
+
+
+# --- --skip-train-iteration-range: the batches of the range are dropped, nothing is trained ------
+
+SKIP_BASE = TINY[:TINY.index("--eval-interval")] + [
+    "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0", "--lr-decay-style", "linear"]
+
+
+def _train_all(argvs):
+    return [_train(argv) for argv in argvs]
+
+
+def test_skipped_iterations_train_nothing_and_drop_their_batches():
+    """Reference without the skip path: LR 1e-3 for the first step, then 0 (linear decay over one
+    iteration to --min-lr 0). Its iterations 2 and 3 change no parameter, so its iteration 4 is the
+    model after one update on batch 4 — what skipping 2-3 must give (no dropout: same math)."""
+    from megatron.launch import logged_iterations
+    skipping, reference = run_distributed(1, _train_all, [
+        SKIP_BASE + ["--lr-decay-iters", "1000", "--skip-train-iteration-range", "3-3", "2-2"],
+        SKIP_BASE + ["--lr-decay-iters", "1"]])[0]
+    assert "skipping iterations 2 to 3 (--skip-train-iteration-range)" in skipping.splitlines()
+    runs = [logged_iterations(out) for out in (skipping, reference)]
+    assert sorted(runs[0]) == [1, 4] and sorted(runs[1]) == [1, 2, 3, 4]
+    for it in (1, 4):
+        assert runs[0][it]["lm loss"] == runs[1][it]["lm loss"]
+        assert runs[0][it]["consumed samples"] == runs[1][it]["consumed samples"] == 4 * it
+    assert runs[0][4]["learning rate"] > 0 == runs[1][4]["learning rate"]  # the skip's own LR did not go to 0
