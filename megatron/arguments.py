@@ -248,6 +248,8 @@ def _add_published_script_args(parser):
                    help="average the parameters every TP rank holds whole over TP before each forward (BigScience)")
     g.add_argument("--skip-train-iteration-range", nargs="+", default=None, metavar="START-END",
                    help="iterations that train nothing: their batches are read and dropped (BigScience)")
+    g.add_argument("--log-optimizer-states-to-tensorboard", action="store_true",
+                   help="norms of Adam's moments and the weights to TensorBoard every --log-interval (Microsoft)")
     g.add_argument("--valid-num-workers", type=int, default=None,
                    help="DataLoader workers of the validation split (default: --num-workers)")
     g.add_argument("--codecarbon-dir", type=str, default=None, help="accepted; no effect")

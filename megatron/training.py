@@ -22,6 +22,7 @@ from megatron.model.moe import pop_moe_loss
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.optimizer import build_optimizer, uses_own_clipping
+from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
 from megatron.utils import (cache_parameter_counts, compute_parameter_counts, format_parameter_report,
@@ -255,6 +256,8 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
         if progress.iteration % args.log_interval == 0:
             training_log(stats, timers("interval-time").elapsed(), lr_scheduler.get_lr(),
                          steps.engine.get_global_grad_norm(), current_loss_scale(steps.engine), gbs, progress, args)
+            if args.log_optimizer_states_to_tensorboard:
+                log_optimizer_states(optimizer_state_norms(steps.engine, mpu), progress, args)
             stats = IntervalStats()
 
         if valid_iter is not None and args.eval_interval and progress.iteration % args.eval_interval == 0 \

@@ -185,8 +185,11 @@ def _both(with_flags, without):
 
 
 def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from megatron.launch import logged_iterations
-    with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED, TINY)[0]
+    tensorboard = ["--tensorboard-dir", str(tmp_path / "tb"), "--log-optimizer-states-to-tensorboard"]
+    with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED + tensorboard, TINY)[0]
     line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, --no-query-key-layer-scaling, "
             "--abort-on-unmet-fused-kernel-constraints, --no-async-tensor-model-parallel-allreduce, "
             "--use-flash-attn-triton, --use-flash-attn-v2, --sequence-parallel, --ds-sequence-parallel-size, "
@@ -199,6 +202,14 @@ def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
         assert (runs[0][it]["lm loss"], runs[0][it]["grad norm"]) == (runs[1][it]["lm loss"], runs[1][it]["grad norm"])
     validation = [[ln for ln in out.splitlines() if "validation loss at" in ln] for out in (with_flags, without)]
     assert len(validation[0]) == 4 and validation[0] == validation[1]  # iterations 2, 4, the end, test
+    # the optimizer states went to TensorBoard under the fork's tags, every log interval
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    for name in ("variance", "variance_sqrt", "momentum", "weight"):
+        for kind in ("l2", "l1", "abs_max"):
+            assert [e.step for e in events.Scalars(f"optimizer/{name}_{kind}")] == [1, 2, 3, 4]
+            assert [e.step for e in events.Scalars(f"optimizer/{name}_{kind} vs tokens")] == [128, 256, 384, 512]
+    assert all(e.value > 0 for e in events.Scalars("optimizer/momentum_l2"))
 
 
 # --- --clip-grad with a ds_config: DeepSpeed's clipping, as in both forks -------------------------
@@ -337,3 +348,58 @@ def test_skipped_iterations_train_nothing_and_drop_their_batches():
         assert runs[0][it]["lm loss"] == runs[1][it]["lm loss"]
         assert runs[0][it]["consumed samples"] == runs[1][it]["consumed samples"] == 4 * it
     assert runs[0][4]["learning rate"] > 0 == runs[1][4]["learning rate"]  # the skip's own LR did not go to 0
+
+
+# --- --log-optimizer-states-to-tensorboard: Adam's moments, each partition once ------------------
+
+def _optimizer_states(zero_stage):
+    import torch
+
+    import pretrain_gpt
+    from megatron import mpu, training
+    from megatron.engine import engine_steps
+    from megatron.initialize import initialize_megatron
+    from megatron.optimizer_states import optimizer_state_norms
+    from megatron.training_state import TrainingProgress
+
+    argv = [str(f) for f in STEP[:STEP.index("--optimizer")] + STEP[STEP.index("--weight-decay"):]]
+    argv[argv.index("--global-batch-size") + 1], argv[argv.index("--train-iters") + 1] = "4", "2"
+    argv[argv.index("--lr") + 1] = "1e-2"
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = initialize_megatron(args_list=argv + ["--zero-stage", str(zero_stage), "--no-pipeline-parallel"])
+        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    progress = TrainingProgress()
+    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
+                                                     progress, pretrain_gpt.get_batch)
+    engine.train()
+    steps = engine_steps(engine, pretrain_gpt.forward_step, args)
+    for _ in range(2):
+        training.train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+    values = optimizer_state_norms(engine, mpu)
+    if zero_stage:
+        return values
+    # the same quantities straight from torch's AdamW, one flat float64 vector per kind
+    state = engine.optimizer.state
+    params = [p for p in engine.module.parameters()]
+    flat = {"variance": torch.cat([state[p]["exp_avg_sq"].flatten() for p in params]).double()}
+    flat["variance_sqrt"] = flat["variance"].sqrt()
+    flat["momentum"] = torch.cat([state[p]["exp_avg"].flatten() for p in params]).double()
+    flat["weight"] = torch.cat([p.detach().flatten() for p in params]).double()
+    direct = {}
+    for name, t in flat.items():
+        direct.update({f"{name}_l2": float(t.norm()), f"{name}_l1": float(t.abs().sum()),
+                       f"{name}_abs_max": float(t.abs().max())})
+    return values, direct
+
+
+def test_optimizer_states_are_adams_moments_each_partition_once():
+    """DP=1 without ZeRO against torch's AdamW state read directly; ZeRO-1 at DP=2 (each rank holds
+    half of the flat state) against the DP=1 run on the same global batches."""
+    [(plain, direct)] = run_distributed(1, _optimizer_states, 0)
+    assert len(plain) == 12 and plain["variance_l2"] > 0 and plain["momentum_abs_max"] > 0
+    for name, value in direct.items():
+        assert plain[name] == pytest.approx(value, rel=1e-4), name  # float32 norms, per tensor
+    zero1 = run_distributed(2, _optimizer_states, 1)
+    assert zero1[0] == zero1[1]
+    for name, value in plain.items():
+        assert zero1[0][name] == pytest.approx(value, rel=1e-4, abs=1e-12), name
