@@ -288,8 +288,14 @@ def _sync_at_tp2():
 
     with contextlib.redirect_stdout(io.StringIO()):
         args = initialize_megatron(args_list=[str(f) for f in STEP] + [
-            "--tensor-model-parallel-size", "2", "--no-pipeline-parallel", "--sync-tp-duplicated-parameters"])
+            "--tensor-model-parallel-size", "2", "--no-pipeline-parallel", "--sync-tp-duplicated-parameters",
+            "--log-level", "debug", "--log-level-replica", "error"])
         engine, _, _ = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    import logging
+
+    from deepspeed.utils import logger as deepspeed_logger
+    levels = {name: logger.getEffectiveLevel() for name, logger in (
+        ("deepspeed", deepspeed_logger), ("megatron", logging.getLogger("megatron.training")))}
     train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
                                                      TrainingProgress(), pretrain_gpt.get_batch)
     tokens, (labels, mask) = next(train_iter)
@@ -305,13 +311,17 @@ def _sync_at_tp2():
                 named[n].add_(torch.randn(named[n].shape, generator=torch.Generator().manual_seed(3)))
         drifted = {n: named[n].detach().clone() for n in duplicated}
         engine.module(tokens, labels, mask)
-    return {"duplicated": duplicated, "unchanged_in_sync": unchanged, "drifted": drifted,
+    return {"levels": levels, "duplicated": duplicated, "unchanged_in_sync": unchanged, "drifted": drifted,
             "after": {n: named[n].detach().clone() for n in duplicated}}
 
 
-def test_sync_tp_duplicated_parameters_averages_drifted_copies():
+def test_sync_tp_duplicated_parameters_averages_drifted_copies_and_log_levels():
     import torch
+    import logging
     rank0, rank1 = run_distributed(2, _sync_at_tp2, tp=2)
+    # --log-level debug on rank 0, --log-level-replica error on the other (the same launch)
+    assert rank0["levels"] == {"deepspeed": logging.DEBUG, "megatron": logging.DEBUG}
+    assert rank1["levels"] == {"deepspeed": logging.ERROR, "megatron": logging.ERROR}
     assert rank0["unchanged_in_sync"] and rank1["unchanged_in_sync"]  # copies that agree stay bit for bit
     # the norms, row-parallel biases and position table are what TP duplicates
     assert any(n.endswith("input_layernorm.weight") for n in rank0["duplicated"])
