@@ -413,3 +413,43 @@ def test_optimizer_states_are_adams_moments_each_partition_once():
     assert zero1[0] == zero1[1]
     for name, value in plain.items():
         assert zero1[0][name] == pytest.approx(value, rel=1e-4, abs=1e-12), name
+
+
+# --- --valid-num-workers: the validation split's DataLoader workers --------------------------------
+
+class WhoReads:
+    """A dataset whose samples say who read them: 0 the main process, 1 + id a DataLoader worker."""
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        info = torch.utils.data.get_worker_info()
+        return {"text": np.full(33, 0 if info is None else 1 + info.id, dtype=np.int64)}
+
+
+def _loader_workers(extra):
+    from megatron import training
+    from megatron.arguments import parse_args, validate_args
+    from megatron.training_state import TrainingProgress
+
+    args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
+    args.total_iterations = 4
+    iterators = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
+                                              TrainingProgress(), lambda batch: batch["text"])
+    return [int(next(it).max()) for it in iterators]
+
+
+def _workers_for_each(extras):
+    import multiprocessing
+    multiprocessing.set_start_method("fork", force=True)  # cheap workers: no fresh interpreter each
+    return [_loader_workers(extra) for extra in extras]
+
+
+def test_valid_num_workers_is_the_validation_loaders():
+    """[train, valid, test] readers: --valid-num-workers moves the validation split alone (as in
+    BigScience); without it validation takes --num-workers."""
+    [runs] = run_distributed(1, _workers_for_each, [[], ["--valid-num-workers", "1"], ["--num-workers", "1"],
+                                                    ["--num-workers", "1", "--valid-num-workers", "0"]])
+    assert runs == [[0, 0, 0], [0, 1, 0], [1, 1, 1], [1, 0, 1]]
