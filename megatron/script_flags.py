@@ -29,7 +29,8 @@ NO_EFFECT = {
 def given_flags(parser, argv):
     """The option strings in `argv` as the user spelled them (`--flag=value` included)."""
     known = parser._option_string_actions
-    return [tok.split("=", 1)[0] for tok in argv if tok.startswith("--") and tok.split("=", 1)[0] in known]
+    names = [str(tok).split("=", 1)[0] for tok in argv]
+    return [name for name in names if name.startswith("--") and name in known]
 
 
 def no_effect_line(args):
