@@ -124,6 +124,16 @@ def test_nccl_without_cuda_is_one_line(entry_point):  # noqa: F811
     assert "needs CUDA devices" in line
 
 
+@pytest.mark.parametrize("ranges, message", [
+    (["5-3"], "--skip-train-iteration-range 5-3: needs 1 <= START <= END"),
+    (["12"], "--skip-train-iteration-range 12: give START-END, e.g. 101-200"),
+])
+def test_bad_skip_range_is_one_line(ranges, message, entry_point):  # noqa: F811
+    line = check_one_line(entry_point, flags({"--skip-train-iteration-range": ranges}), 1,
+                          "--skip-train-iteration-range")
+    assert line == f"pretrain_gpt.py: error: {message}"
+
+
 def test_ds_config_key_deepspeed_rejects_is_one_line(entry_point, tmp_path):  # noqa: F811
     """Microsoft's MoE template (examples_deepspeed/MoE/ds_config_gpt_TEMPLATE.json) rendered as its
     script renders it. What the installed DeepSpeed says about it, asked directly:"""
