@@ -537,6 +537,9 @@ def _apply_deepspeed_config(args):
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")
+    _require(not (args.sync_tp_duplicated_parameters and args.zero_stage == 3),
+             "--sync-tp-duplicated-parameters does not work with ZeRO stage 3 (its parameters are partitioned "
+             "when the sync runs): use --zero-stage 0, 1 or 2")
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)

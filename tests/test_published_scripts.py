@@ -134,6 +134,12 @@ def test_bad_skip_range_is_one_line(ranges, message, entry_point):  # noqa: F811
     assert line == f"pretrain_gpt.py: error: {message}"
 
 
+def test_tp_sync_with_zero3_is_one_line(entry_point):  # noqa: F811
+    line = check_one_line(entry_point, flags({"--sync-tp-duplicated-parameters": None, "--zero-stage": 3,
+                                              "--no-pipeline-parallel": None}), 1, "--sync-tp-duplicated-parameters")
+    assert "ZeRO stage 3" in line
+
+
 def test_ds_config_key_deepspeed_rejects_is_one_line(entry_point, tmp_path):  # noqa: F811
     """Microsoft's MoE template (examples_deepspeed/MoE/ds_config_gpt_TEMPLATE.json) rendered as its
     script renders it. What the installed DeepSpeed says about it, asked directly:"""
