@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import os
+import sys
 
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
                                   require as _require)
@@ -11,7 +12,13 @@ from megatron.model.shape import require_fraction, require_non_negative, require
 
 
 def parse_args(extra_args_provider=None, args_list=None):
-    return build_parser(extra_args_provider).parse_args(args_list)
+    from megatron.script_flags import given_flags
+    parser = build_parser(extra_args_provider)
+    args = parser.parse_args(args_list)
+    # which flags the user really passed (a default cannot tell): the startup line names those
+    # accepted with no effect, and --clip-grad is reported when DeepSpeed's clipping overrides it
+    args.given_flags = given_flags(parser, sys.argv[1:] if args_list is None else args_list)
+    return args
 
 
 def build_parser(extra_args_provider=None):
@@ -20,7 +27,7 @@ def build_parser(extra_args_provider=None):
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                 _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
-                _add_zero_args, _add_moe_args):
+                _add_zero_args, _add_moe_args, _add_published_script_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
@@ -228,6 +235,36 @@ def _add_moe_args(parser):
                    help="split the experts over the TP ranks (default: whole experts, tokens split)")
 
 
+def _add_published_script_args(parser):
+    """Operational flags of the forks' published launch scripts (BigScience's training scripts,
+    both forks' examples). Those with no effect here are listed in megatron/script_flags.py."""
+    g = parser.add_argument_group("published scripts")
+    levels = ["debug", "info", "warning", "error", "critical"]
+    g.add_argument("--log-level", choices=levels, default=None,
+                   help="Python / DeepSpeed logger level on rank 0 (BigScience)")
+    g.add_argument("--log-level-replica", choices=levels, default=None,
+                   help="Python / DeepSpeed logger level on every other rank (BigScience)")
+    g.add_argument("--sync-tp-duplicated-parameters", action="store_true",
+                   help="average the parameters every TP rank holds whole over TP before each forward (BigScience)")
+    g.add_argument("--skip-train-iteration-range", nargs="+", default=None, metavar="START-END",
+                   help="iterations that train nothing: their batches are read and dropped (BigScience)")
+    g.add_argument("--log-optimizer-states-to-tensorboard", action="store_true",
+                   help="norms of Adam's moments and the weights to TensorBoard every --log-interval (Microsoft)")
+    g.add_argument("--valid-num-workers", type=int, default=None,
+                   help="DataLoader workers of the validation split (default: --num-workers)")
+    g.add_argument("--codecarbon-dir", type=str, default=None, help="accepted; no effect")
+    g.add_argument("--abort-on-unmet-fused-kernel-constraints", action="store_true", help="accepted; no effect")
+    g.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
+                   dest="async_tensor_model_parallel_allreduce", help="accepted; no effect")
+    for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton"):
+        g.add_argument(flag, action="store_true", help="accepted; no effect (attention is exact either way)")
+    g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
+                   help="accepted; no effect (never applied here)")
+    g.add_argument("--sequence-parallel", action="store_true", help="accepted; no effect")
+    g.add_argument("--ds-sequence-parallel-size", type=int, default=1,
+                   help="DeepSpeed-Ulysses sequence parallelism: only 1 (none) is supported")
+
+
 def _add_zero_args(parser):
     g = parser.add_argument_group("ZeRO")
     g.add_argument("--zero-stage", type=int, default=None, help="overrides the ds_config's stage")
@@ -249,10 +286,11 @@ def _int(text, flag):
 POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples", "--exit-interval",
             "--exit-duration-in-mins", "--checkpoint-num-layers", "--lr-decay-iters", "--lr-decay-samples",
             "--save-interval", "--eval-interval", "--log-interval", "--tensorboard-queue-size",
-            "--tensorboard-log-interval", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
-            "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
+            "--tensorboard-log-interval", "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon",
+            "--init-method-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window",
+            "--hysteresis")
 NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--eval-iters", "--num-workers",
-                "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
+                "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
 FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
 BELOW_ONE = ("--adam-beta1", "--adam-beta2")  # torch's Adam refuses 1.0
 
@@ -283,9 +321,9 @@ def validate_flag_values(args):
         _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr} exceeds --lr {args.lr}: the decay would rise")
 
 
-def validate_rampup(args):
-    """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes; returns the
-    three integers (also shared with tools/param_count.py)."""
+def validate_rampup(args, data_parallel_size=None):
+    """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes (and, given
+    the DP size, micro batch x DP); returns the three integers (also shared with tools/param_count.py)."""
     _require(len(args.rampup_batch_size) == 3,
              "--rampup-batch-size takes 3 values: <start batch> <increment> <ramp-up samples>")
     start, incr, samples = (_int(v, "--rampup-batch-size") for v in args.rampup_batch_size)
@@ -298,6 +336,12 @@ def validate_rampup(args):
         _require((gbs - start) % incr == 0,
                  f"--rampup-batch-size: global batch {gbs} minus start batch {start} is not divisible by "
                  f"the increment {incr}")
+    if data_parallel_size is not None:
+        mbs = args.micro_batch_size
+        for what, value in (("start batch", start), ("increment", incr)):
+            _require(value % (mbs * data_parallel_size) == 0,
+                     f"--rampup-batch-size: {what} {value} is not divisible by --micro-batch-size {mbs} x "
+                     f"data-parallel size {data_parallel_size}")
     return [start, incr, samples]
 
 
@@ -330,12 +374,21 @@ def validate_args(args, world_size=None, cuda_available=None):
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
     _require(args.optimizer in ("adam", "sgd"),
              f"--optimizer {args.optimizer} is not supported: use adam or sgd")
+    _require(args.ds_sequence_parallel_size == 1,
+             f"--ds-sequence-parallel-size {args.ds_sequence_parallel_size}: DeepSpeed-Ulysses sequence parallelism "
+             f"is not supported; use 1 (or drop the flag)")
+    _require(not (args.distributed_backend == "nccl" and not cuda_available),
+             "--distributed-backend nccl needs CUDA devices and none is visible: drop the flag (gloo is the "
+             "default without CUDA) or pass --distributed-backend gloo")
     _require(args.peak_tflops is None or args.peak_tflops > 0,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
     _validate_moe(args)
     _validate_batch_sizes(args)
     _validate_training_length(args)
+    if args.skip_train_iteration_range:
+        from megatron.skip_iterations import parse_ranges
+        args.skip_train_iteration_range = parse_ranges(args.skip_train_iteration_range)
     _validate_precision(args, cuda_available)
     _validate_data(args)
     # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only
@@ -381,11 +434,7 @@ def _validate_batch_sizes(args):
              f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
              f"size {dp}: use a multiple of {mbs * dp}")
     if args.rampup_batch_size:
-        start, incr, samples = validate_rampup(args)
-        for flag, value in (("start batch", start), ("increment", incr)):
-            _require(value % (mbs * dp) == 0,
-                     f"--rampup-batch-size: {flag} {value} is not divisible by --micro-batch-size {mbs} x "
-                     f"data-parallel size {dp}")
+        start, incr, samples = validate_rampup(args, dp)
         _require(args.train_samples is not None,
                  "--rampup-batch-size needs --train-samples (sample-based training)")
         args.rampup_batch_size = [start, incr, samples]
@@ -471,8 +520,8 @@ def _apply_deepspeed_config(args):
                           "min_loss_scale": args.min_loss_scale}
     if args.bf16 and "bf16" not in config:
         config["bf16"] = {"enabled": True}
-    # as in Megatron-DeepSpeed, the ds_config's clipping wins over --clip-grad when both are given
-    args.clip_grad = config.setdefault("gradient_clipping", args.clip_grad)
+    if not args.deepspeed_config:
+        config["gradient_clipping"] = args.clip_grad  # no ds_config: the flag clips, as Megatron's optimizer does
     zero = config.setdefault("zero_optimization", {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
@@ -488,6 +537,34 @@ def _apply_deepspeed_config(args):
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")
+    _require(not (args.sync_tp_duplicated_parameters and args.zero_stage == 3),
+             "--sync-tp-duplicated-parameters does not work with ZeRO stage 3 (its parameters are partitioned "
+             "when the sync runs): use --zero-stage 0, 1 or 2")
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
+    args.clip_grad = _check_with_deepspeed(config, where, args)
     args.deepspeed_config_dict = config
+
+
+def _check_with_deepspeed(config, where, args):
+    """The installed DeepSpeed parses the config now, before anything is built: a key it rejects
+    (e.g. the legacy top-level `curriculum_learning` of Microsoft's MoE template) is one line.
+    Returns the clipping DeepSpeed applies. Both forks hand DeepSpeed the bare optimizer, so a
+    given ds_config alone decides the clipping (its `gradient_clipping`, else DeepSpeed's default);
+    a different --clip-grad is reported, not used: the same script trains the same way here."""
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+    # the batch keys depend on the world size, which DeepSpeed cannot see yet (they are checked above)
+    probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
+    try:
+        clip = float(DeepSpeedConfig(probe).gradient_clipping)
+    except Exception as e:  # DeepSpeedConfigError, pydantic's ValidationError, a bad value's own error
+        errors = getattr(e, "errors", None)
+        detail = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors()) if errors \
+            else str(e).splitlines()[0]
+        raise ConfigError(f"{where}: DeepSpeed {deepspeed.__version__} rejects it: {detail}") from None
+    if "--clip-grad" in getattr(args, "given_flags", ()) and args.clip_grad != clip:
+        args.startup_notes = getattr(args, "startup_notes", []) + [
+            f"--clip-grad {args.clip_grad} is not used: DeepSpeed clips at {clip} (the ds_config's gradient_clipping"
+            f"{'' if 'gradient_clipping' in config else ', absent: DeepSpeed default'}), as in Megatron-DeepSpeed"]
+    return clip

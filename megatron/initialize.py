@@ -17,6 +17,7 @@ def initialize_megatron(extra_args_provider=None, args_list=None):
     args = parse_args(extra_args_provider, args_list)
     validate_args(args)
     _initialize_distributed(args)
+    _startup_lines(args)
     set_args(args)
     _build_tokenizer(args)
     _set_random_seed(args.seed)
@@ -54,6 +55,18 @@ def _initialize_distributed(args):
     if args.deepspeed_activation_checkpointing:
         from megatron.mpu.random import configure_deepspeed_checkpointing
         configure_deepspeed_checkpointing(args, mpu)
+
+
+def _startup_lines(args):
+    """Logger levels first (DeepSpeed logs from here on), then on rank 0 what validation had to say:
+    the flags accepted with no effect, a --clip-grad that DeepSpeed's clipping overrides."""
+    from megatron import print_rank_0
+    from megatron.log_levels import apply_log_levels
+    from megatron.script_flags import no_effect_line
+    apply_log_levels(args, args.rank)
+    for line in [no_effect_line(args)] + getattr(args, "startup_notes", []):
+        if line:
+            print_rank_0(line)
 
 
 def _build_tokenizer(args):

@@ -19,7 +19,10 @@ from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import gigaflos_no_embeds
 from megatron.model.moe import pop_moe_loss
+from megatron.mpu.tp_sync import install_tp_duplicate_sync
+from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.optimizer import build_optimizer, uses_own_clipping
+from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
 from megatron.utils import (cache_parameter_counts, compute_parameter_counts, format_parameter_report,
@@ -70,6 +73,8 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
 
 def setup_model_and_optimizer(model_provider, args):
     model = model_provider(args)
+    if args.sync_tp_duplicated_parameters:
+        install_tp_duplicate_sync(model, mpu)
     # the one and only parameter count of the run
     counts = compute_parameter_counts(model, mpu)
     cache_parameter_counts(args, counts)
@@ -140,8 +145,8 @@ def build_data_iterators(provider, args, progress, batch_fn):
     for split, (dataset, done) in enumerate(zip(datasets, consumed)):
         if dataset is not None:  # a finished run reloaded with a shorter schedule has nothing left
             done = min(done, len(dataset))
-        loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size,
-                                               args.num_workers)
+        workers = args.valid_num_workers if split == 1 and args.valid_num_workers is not None else args.num_workers
+        loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size, workers)
         if loader is None:
             iterators.append(None)
         else:
@@ -224,11 +229,23 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
     steps.engine.train()
     stats = IntervalStats()
     start_time = time.time()
+    announced = set()
     while True:
         if args.train_iters is not None and progress.iteration >= args.train_iters:
             return "finished"
         if args.train_samples is not None and progress.consumed_train_samples >= args.train_samples:
             return "finished"
+        skipped = skipped_range(args.skip_train_iteration_range, progress.iteration + 1)
+        if skipped:  # read and drop this iteration's batches (megatron/skip_iterations.py)
+            if skipped not in announced:
+                announced.add(skipped)
+                print_rank_0(f"skipping iterations {progress.iteration + 1} to {skipped[1]} "
+                             f"(--skip-train-iteration-range)")
+            gbs = calculator.get_current_global_batch_size()
+            skip_iteration(calculator, train_iter, progress)
+            if calculator.get_current_global_batch_size() != gbs:
+                steps.engine.set_train_batch_size(calculator.get_current_global_batch_size())
+            continue
         # the interval time covers training steps only, not evaluation or checkpoint saves
         timers("interval-time").start()
         loss, gbs = train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
@@ -239,6 +256,8 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iter, progress, arg
         if progress.iteration % args.log_interval == 0:
             training_log(stats, timers("interval-time").elapsed(), lr_scheduler.get_lr(),
                          steps.engine.get_global_grad_norm(), current_loss_scale(steps.engine), gbs, progress, args)
+            if args.log_optimizer_states_to_tensorboard:
+                log_optimizer_states(optimizer_state_norms(steps.engine, mpu), progress, args)
             stats = IntervalStats()
 
         if valid_iter is not None and args.eval_interval and progress.iteration % args.eval_interval == 0 \

@@ -60,6 +60,8 @@ def _training_setup(args):
     arguments._require(gbs % (args.micro_batch_size * args.data_parallel_size) == 0,
                        f"--global-batch-size {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} "
                        f"x data-parallel size {args.data_parallel_size}")
+    if args.rampup_batch_size:  # the trainer's rule: every ramp-up batch splits into micro batches x DP
+        arguments.validate_rampup(args, args.data_parallel_size)
     args.zero_stage = args.zero_stage or 0
     arguments._require(args.zero_stage in (0, 1, 2, 3), f"--zero-stage {args.zero_stage} must be 0, 1, 2 or 3")
     return TrainingSetup.from_args(args)
