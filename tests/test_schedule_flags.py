@@ -111,3 +111,17 @@ def test_param_count_tool_follows_the_checkpoint_method():
     # each layer left out of the block keeps all its activations instead of its input
     unchecked = activations(report())
     assert activations(report("--activations-checkpoint-method", "uniform")) < activations(block) < unchecked
+
+
+def test_block_method_activation_estimate_equals_the_bytes_saved_for_backward():
+    """4 layers at PP=2 with the block method over the first layer of each stage: the memory
+    estimate equals what autograd really saved in the trainer's first iteration (to the byte here,
+    as the uniform method's in tests/test_memory_measured.py)."""
+    from distributed import run_distributed
+    from test_memory_measured import _check_exact, _first_iteration
+    flags = ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8",
+             "--activations-checkpoint-method", "block", "--activations-checkpoint-num-layers", "1"]
+    rows = run_distributed(2, _first_iteration, flags, pp=2)[0]
+    _check_exact(rows)
+    for rank, _, _, _, predicted, measured in rows:
+        assert predicted["activations"] == measured["activations"], rank
