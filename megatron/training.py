@@ -150,9 +150,9 @@ def build_data_iterators(provider, args, progress, batch_fn):
         named = named if isinstance(named, list) else [(None, named)]
         split_iterators = []
         for name, dataset in named:
-            if dataset is not None:  # a finished run reloaded with a shorter schedule has nothing left
-                done = min(done, len(dataset))
-            loader = build_pretraining_data_loader(dataset, done, args.micro_batch_size, dp_rank, dp_size,
+            # a finished run reloaded with a shorter schedule has nothing left
+            position = done if dataset is None else min(done, len(dataset))
+            loader = build_pretraining_data_loader(dataset, position, args.micro_batch_size, dp_rank, dp_size,
                                                    args.num_workers)
             if loader is not None:
                 split_iterators.append((name, map(batch_fn, iter(loader) if split == 0 else _cycle(loader))))
