@@ -53,6 +53,7 @@ def test_weighted_split_path_rules(entry_point, tmp_path):  # noqa: F811
         ({train: f"T: 1 0.8:0.2 {d}"}, train),                                # START > END
         ({train: f"T: 1 0:1.5 {d}"}, train),                                  # beyond the documents
         ({train: f"T: 1 0:0.8 {d}x"}, train),                                 # no such dataset
+        ({train: f"T: 1 0.5:0.52 {d}"}, train),                               # no document of 10 in it
         ({train: [f"T: 1 0:0.8 {d}", f"U: 1 0:0.8 {d}"]}, train),             # two training groups
         ({"--valid-weighted-split-paths": f"V: 1 0.8:1 {d}"}, train),         # valid without train
         ({train: f"T: 1 0:0.8 {d}", "--valid-weighted-split-paths": [f"V: 1 0.8:1 {d}", f"V: 1 0.9:1 {d}"]},

@@ -55,11 +55,20 @@ def parse_group(text, flag):
         for suffix in (".bin", ".idx"):
             require(os.path.isfile(path + suffix), f"{flag} group {name.strip()}: {path + suffix} does not exist; "
                                                    f"create it with tools/preprocess_data.py")
+        documents = _num_documents(path)
+        first, last = round(start * documents), round(end * documents)
+        require(last > first, f"{flag} group {name.strip()}: range {span} of {path} holds none of its {documents} "
+                              f"documents; widen it")
         weights.append(weight)
         ranges.append((start, end))
         paths.append(path)
     require(sum(weights) > 0, f"{flag} group {name.strip()}: the weights sum to 0")
     return DatasetGroup(name.strip(), tuple(weights), tuple(ranges), tuple(paths))
+
+
+def _num_documents(path):
+    from .indexed_dataset import make_dataset
+    return len(make_dataset(path, "mmap", True))  # reads the .idx header and arrays only
 
 
 def read_groups_file(path, flag):
@@ -104,11 +113,7 @@ def build_group_dataset(group, split, num_samples, seq_length, seed, data_impl="
     datasets = []
     for i, path in enumerate(group.paths):
         indexed = make_dataset(path, data_impl, True)
-        first, last = group.document_range(i, len(indexed))
-        if last <= first:
-            raise ConfigError(f"--{split}-weighted-split-paths group {group.name}: range "
-                              f"{group.ranges[i][0]}:{group.ranges[i][1]} of {path} holds none of its "
-                              f"{len(indexed)} documents; widen it")
+        first, last = group.document_range(i, len(indexed))  # not empty: checked by parse_group
         wanted = num_samples if len(group.paths) == 1 else int(math.ceil(num_samples * shares[i] * BLEND_OVERSAMPLE))
         documents = np.arange(first, last, dtype=np.int64)
         datasets.append(GPTDataset(split, path, documents, indexed, wanted, seq_length, seed))
