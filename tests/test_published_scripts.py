@@ -452,9 +452,10 @@ def _loader_workers(extra):
 
     args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
     args.total_iterations = 4
-    iterators = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
-                                              TrainingProgress(), lambda batch: batch["text"])
-    return [int(next(it).max()) for it in iterators]
+    train, valid, test = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
+                                                       TrainingProgress(), lambda batch: batch["text"])
+    # validation and test come as [(group name, iterator)] (one unnamed group without split paths)
+    return [int(next(it).max()) for it in (train, valid[0][1], test[0][1])]
 
 
 def _workers_for_each(extras):
