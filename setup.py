@@ -17,9 +17,13 @@ setup(
     ],
     extras_require={
         # tools/convert_checkpoint_to_hf.py only; training never imports them
-        "hf": ["transformers>=5", "safetensors"],
+        # and --tokenizer-type PretrainedFromHF / HFTokenizer (tokenizers: tools/param_count.py's vocab size)
+        "hf": ["transformers>=5", "safetensors", "tokenizers"],
+        # --tokenizer-type GPTSentencePieceTokenizer
+        "sentencepiece": ["sentencepiece"],
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
         # ruff: the lint CI runs before the tests (ruff.toml); transformers, safetensors: the HF export
-        "test": ["pytest", "tokenizers", "ruff", "transformers>=5", "safetensors"],
+        # sentencepiece: the SentencePiece tokenizer tests
+        "test": ["pytest", "tokenizers", "ruff", "transformers>=5", "safetensors", "sentencepiece"],
     },
 )

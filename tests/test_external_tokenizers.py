@@ -250,3 +250,49 @@ def test_bad_pad_and_rotary_flags_are_one_line(extra, message, hf_tokenizer_dir)
     proc = param_count_tool(*MODEL, "--tokenizer-type", "PretrainedFromHF", "--tokenizer-name-or-path",
                             hf_tokenizer_dir, *extra)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_gpt2_path_needs_none_of_the_optional_libraries_and_a_missing_one_is_one_line(tmp_path):
+    """With transformers, tokenizers and sentencepiece made unimportable, the GPT-2 BPE tokenizer
+    still builds, and asking for a SentencePiece model names the package to install."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('transformers', 'tokenizers', 'sentencepiece'):
+            raise ImportError(name)
+sys.meta_path.insert(0, Block())
+from argparse import Namespace
+from megatron.tokenizer import build_tokenizer
+tok = build_tokenizer(Namespace(tokenizer_type=None, vocab_file='data/gpt2-vocab.json',
+                                merge_file='data/gpt2-merges.txt'))
+print(tok.tokenize('def main():'), tok.eod)
+try:
+    build_tokenizer(Namespace(tokenizer_type='GPTSentencePieceTokenizer', tokenizer_model='README.md'))
+except ValueError as e:
+    print(e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    from megatron.tokenizer.gpt2_tokenization import GPT2Tokenizer
+    reference = GPT2Tokenizer(os.path.join(ROOT, "data/gpt2-vocab.json"), os.path.join(ROOT, "data/gpt2-merges.txt"))
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"{reference.encode('def main():')} {reference.encoder['<|endoftext|>']}"
+    assert lines[1] == "this tokenizer needs the 'sentencepiece' package: pip install sentencepiece " \
+                       "(or pip install -e .[sentencepiece])"
+
+
+def test_resume_keeps_the_saved_padded_vocab_unless_pad_vocab_size_to_says_otherwise():
+    from argparse import Namespace
+
+    from megatron.model.shape import ConfigError, ModelShape
+    from megatron.resume_reshard import _keep_padded_vocab
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=300,
+                       make_vocab_size_divisible_by=64, pad_vocab_size_to=320, tensor_model_parallel_size=2)
+    with pytest.raises(ConfigError, match="padded to 384, this run's --pad-vocab-size-to is 320; pass "
+                                          "--pad-vocab-size-to 384"):
+        _keep_padded_vocab(384, Namespace(model_shape=shape), "--load x")
+    args = Namespace(model_shape=shape)
+    _keep_padded_vocab(320, args, "--load x")  # the same size: nothing to change
+    assert args.model_shape.padded_vocab_size == 320
