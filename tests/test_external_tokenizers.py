@@ -17,6 +17,8 @@ from distributed import run_distributed
 from hf_export import convert, our_logits
 from launcher import launch, losses
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from test_flag_validation import entry_point  # noqa: F401  (a fixture: pretrain_gpt.main in-process)
+from test_flag_validation import flags as trainer_flags
 
 ITERS = 4
 # GPT-2-like tiny model; L=2, h=64, a=4, s=32
@@ -296,3 +298,12 @@ def test_resume_keeps_the_saved_padded_vocab_unless_pad_vocab_size_to_says_other
     args = Namespace(model_shape=shape)
     _keep_padded_vocab(320, args, "--load x")  # the same size: nothing to change
     assert args.model_shape.padded_vocab_size == 320
+
+
+def test_trainer_refuses_a_pad_below_the_tokenizer_in_one_line(entry_point, hf_tokenizer_dir):  # noqa: F811
+    """Checked once the tokenizer is built, before the model is."""
+    code, err, builds = entry_point(trainer_flags({"--vocab-size": "drop", "--tokenizer-type": "PretrainedFromHF",
+                                           "--tokenizer-name-or-path": hf_tokenizer_dir,
+                                           "--pad-vocab-size-to": 256, "--make-vocab-size-divisible-by": 64}))
+    assert code == 2 and not builds
+    assert err[-1].startswith("pretrain_gpt.py: error: --pad-vocab-size-to 256 is below the tokenizer's 300 tokens")
