@@ -142,14 +142,17 @@ def test_sentencepiece_rotary_percent_launch_count_and_neox_logits(tmp_path, sen
                              sentencepiece_model, "--data-path", prefix, "--use-rotary-position-embeddings",
                              "--no-position-embedding", "--rotary-percent", 0.25, "--save", ckpt,
                              "--save-interval", ITERS]
+    tool = subprocess.Popen([sys.executable, "tools/param_count.py", *map(str, flags)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
     proc, ranks = launch(1, flags, str(tmp_path / "run"))
     assert ranks[0]["parameters"] == expected
     assert "architecture: rotary on 4 of 16 channels, gelu ffn 256, layernorm, 4 heads, tied\n" in proc.stdout
     curve = losses(proc.stdout)
     assert sorted(curve) == list(range(1, ITERS + 1)) and curve[ITERS] < curve[1], curve
-    tool = param_count_tool(*flags)
-    assert tool.returncode == 0, tool.stderr
-    assert f"parameters: {expected:,}\n" in tool.stdout and f"vocab {SENTENCEPIECE_SIZE}," in tool.stdout
+    out = tool.communicate(timeout=120)[0]
+    assert tool.returncode == 0
+    assert f"parameters: {expected:,}\n" in out and f"vocab {SENTENCEPIECE_SIZE}," in out
+    assert "architecture: rotary on 4 of 16 channels" in out
 
     # GPT-NeoX with partial_rotary_factor 0.25 computes the same logits from the exported weights
     pytest.importorskip("transformers")
@@ -224,7 +227,7 @@ def test_hf_tokenizer_types_sizes_and_param_count_without_torch(hf_tokenizer_dir
      "--tokenizer-type GPTSentencePieceTokenizer needs --tokenizer-model"),
     (["--tokenizer-model", "x.model"], "--tokenizer-model needs --tokenizer-type"),
 ])
-def test_bad_tokenizer_flags_are_one_line_in_trainer_tool_and_preprocess(flags, message, tmp_path):
+def test_bad_tokenizer_flags_are_one_line_in_trainer_tool_and_preprocess(flags, message, tmp_path, capsys):
     from megatron.arguments import ConfigError, parse_args, validate_args
     base = [str(f) for f in MODEL + TRAIN] + ["--data-path", str(tmp_path / "x")]
     with pytest.raises(ConfigError) as e:
@@ -233,11 +236,12 @@ def test_bad_tokenizer_flags_are_one_line_in_trainer_tool_and_preprocess(flags, 
     tool = param_count_tool(*MODEL, *flags)
     if "--tokenizer-type" in flags:  # the tool has no rule of its own for a type-less --tokenizer-model
         assert tool.returncode == 2 and message in tool.stderr and "Traceback" not in tool.stderr
-    pre = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/corpus.jsonl",
-                          "--output-prefix", str(tmp_path / "c"), *flags], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
-    if flags[0] == "--tokenizer-type":
-        assert pre.returncode == 2 and message in pre.stderr and "Traceback" not in pre.stderr
+    if flags[0] == "--tokenizer-type":  # preprocess_data's own parser, before any worker starts
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            _load_preprocess().get_args(["--input", "data/corpus.jsonl", "--output-prefix", str(tmp_path / "c"),
+                                         *flags])
+        assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message", [
