@@ -311,3 +311,18 @@ def test_trainer_refuses_a_pad_below_the_tokenizer_in_one_line(entry_point, hf_t
                                            "--pad-vocab-size-to": 256, "--make-vocab-size-divisible-by": 64}))
     assert code == 2 and not builds
     assert err[-1].startswith("pretrain_gpt.py: error: --pad-vocab-size-to 256 is below the tokenizer's 300 tokens")
+
+
+def test_hftokenizer_added_eos_must_fit_the_padded_vocab(entry_point, hf_tokenizer_dir, tmp_path):  # noqa: F811
+    """Microsoft's HFTokenizer adds an eos the tokenizer lacks past its vocab size (300 here): the
+    padding must hold it, or the run stops in one line before the model is built."""
+    transformers = pytest.importorskip("transformers")
+    no_eos = tmp_path / "no_eos"
+    transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(hf_tokenizer_dir, "tokenizer.json")
+                                         ).save_pretrained(no_eos)
+    base = {"--vocab-size": "drop", "--tokenizer-type": "HFTokenizer", "--tokenizer-model": no_eos}
+    code, err, builds = entry_point(trainer_flags({**base, "--pad-vocab-size-to": 300,
+                                                   "--make-vocab-size-divisible-by": 4}))
+    assert code == 2 and not builds
+    assert err[-1].startswith("pretrain_gpt.py: error: the tokenizer's end-of-document id 301 is outside the "
+                              "padded vocab 300")

@@ -6,6 +6,10 @@ tokenized into one document of {output_prefix}_{key}_document.bin/.idx.
 Example:
   python tools/preprocess_data.py --input data/corpus.jsonl --output-prefix data/corpus \
       --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --append-eod --workers 2
+
+The trainer's other tokenizers take its flags, so data and model agree (EOD is the tokenizer's eos):
+  --tokenizer-type PretrainedFromHF --tokenizer-name-or-path DIR        (a local Hugging Face tokenizer)
+  --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model FILE.model
 """
 import argparse
 import json
