@@ -5,6 +5,7 @@ reading the tokenizer's size without torch, and the export. The HF run also pads
 --pad-vocab-size-to at TP=2; the SentencePiece run uses --rotary-percent and is checked against
 transformers' GPT-NeoX (its partial_rotary_factor) after the export."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -326,3 +327,24 @@ def test_hftokenizer_added_eos_must_fit_the_padded_vocab(entry_point, hf_tokeniz
     assert code == 2 and not builds
     assert err[-1].startswith("pretrain_gpt.py: error: the tokenizer's end-of-document id 301 is outside the "
                               "padded vocab 300")
+
+
+def test_param_count_size_equals_len_of_the_transformers_tokenizer(hf_tokenizer_dir, tmp_path):
+    """The torch-free count of tools/param_count.py against transformers' own len(tokenizer), also
+    when tokenizer_config.json names special tokens that tokenizer.json lacks (added on load)."""
+    transformers = pytest.importorskip("transformers")
+    from argparse import Namespace
+
+    from megatron.tokenizer.external import vocab_size_without_torch
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(hf_tokenizer_dir, name), encoding="utf-8") as f:
+            content = json.load(f)
+        if name == "tokenizer_config.json":
+            content.update(pad_token="<pad>", extra_special_tokens=["<x1>", "<x2>"])
+        (edited / name).write_text(json.dumps(content))
+    for path in (hf_tokenizer_dir, edited):
+        counted = vocab_size_without_torch(Namespace(tokenizer_name_or_path=str(path)), "PretrainedFromHF")
+        assert counted == len(transformers.AutoTokenizer.from_pretrained(path)), path
+    assert counted == HF_TOKENIZER_SIZE + 3

@@ -157,6 +157,8 @@ def _config_tokens_missing(path, tokenizer):
         config = json.load(f)
     named = [config.get(k) for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                                      "cls_token", "mask_token")]
-    named += list(config.get("additional_special_tokens") or []) + list(config.get("extra_special_tokens") or [])
+    for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict
+        extra = config.get(key) or []
+        named += list(extra.values()) if isinstance(extra, dict) else list(extra)
     named = {t["content"] if isinstance(t, dict) else t for t in named if t}
     return {t for t in named if tokenizer.token_to_id(t) is None}
