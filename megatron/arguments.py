@@ -133,6 +133,8 @@ def _add_checkpointing_args(parser):
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
+    g.add_argument("--universal-checkpoint", action="store_true",
+                   help="--load the output of DeepSpeed's ds_to_universal.py named by DIR/latest_universal")
 
 
 def _add_mixed_precision_args(parser):
@@ -488,6 +490,9 @@ def _apply_deepspeed_config(args):
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")
+    _require(not (args.universal_checkpoint and not args.load), "--universal-checkpoint needs --load DIR")
+    if args.universal_checkpoint:
+        config.setdefault("checkpoint", {})["load_universal"] = True
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
     args.deepspeed_config_dict = config

@@ -63,6 +63,11 @@ def optimizer_param_names(engine):
     return None if any(n is None for group in groups for n in group) else groups
 
 
+def saved_precision(ds_config):
+    """fp32 / fp16 / bf16 from the ds_config DeepSpeed saves in every mp_rank file."""
+    return next((p for p in ("bf16", "fp16") if (ds_config.get(p) or {}).get("enabled")), "fp32")
+
+
 def table_key(name, shape, pipeline):
     """(layer, key) in the parameter table for a parameter name of GPTModelPipe (pipeline=True)
     or GPTModel. The pipe's tied "embed" module is the embedding, layer 0, on every stage."""
@@ -254,7 +259,33 @@ class Checkpoint:
 
     def check_optimizer(self):
         """The optimizer state can be resharded (checked on one file, before anything is built)."""
-        self._plain_optimizer(self._mp_file(0, 0))
+        if self.saved_setup()["form"] != "flat":
+            self._plain_optimizer(self._mp_file(0, 0))
+
+    def saved_setup(self):
+        """What the checkpoint was saved with, from DeepSpeed's mp_rank_00 file: precision, ZeRO
+        stage, DP size and the optimizer's form: "flat" (ZeRO 1/2 or BF16_Optimizer: fp32
+        partitions with param_slice_mappings, see checkpoint_zero_state.py) or "torch" (the plain
+        optimizer, fp32 without ZeRO)."""
+        if getattr(self, "_setup", None) is None:
+            from megatron.checkpoint_zero_state import zero_files
+            state = _load(self._mp_file(0, 0))
+            config = state.get("ds_config") or {}
+            self._setup = {"precision": saved_precision(config), "dp": state.get("dp_world_size", 1),
+                           "zero_stage": (config.get("zero_optimization") or {}).get("stage", 0),
+                           "form": "flat" if zero_files(self.step_dir, 0) else "torch"}
+        return self._setup
+
+    def read_masters_and_optimizer(self, layers=None):
+        """({(layer, key): fp32 master or None}, {(layer, key): optimizer state}): the fp32 master
+        weights (None where the weights are the masters: the plain fp32 optimizer) and Adam's
+        full moments and step, whatever the saved precision, ZeRO stage and layout."""
+        layers = self._layers(layers)
+        if self.saved_setup()["form"] == "flat":
+            from megatron.checkpoint_zero_state import read_flat_state
+            return read_flat_state(self, layers, table_key)
+        states, _ = self.read_optimizer(layers)
+        return {}, states
 
     def read_optimizer(self, layers=None):
         """{(layer, key): {state name: full tensor, or the scalar step}} of the optimizer, from the
