@@ -249,8 +249,9 @@ class Checkpoint:
         state = _load(path)
         optimizer, names = state.get("optimizer"), state.get("optimizer_param_names")
         if not isinstance(optimizer, dict) or "state" not in optimizer:
-            raise ConfigError(f"{path}: holds no plain optimizer state (saved with fp16 / bf16 / ZeRO or "
-                              f"--no-save-optim); resume at the saved layout {self.describe()} or pass --no-load-optim")
+            raise ConfigError(f"{path}: holds no optimizer state this code can reshard (DeepSpeed's FP16_Optimizer, "
+                              f"fp16 or bf16 without ZeRO, keeps no parameter names); resume at the saved layout "
+                              f"{self.describe()} or pass --no-load-optim")
         if names is None:
             raise ConfigError(f"{path}: the optimizer's parameter names were not saved (a checkpoint from before "
                               f"layout changes were supported); resume at the saved layout {self.describe()} or "
