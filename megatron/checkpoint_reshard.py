@@ -7,12 +7,14 @@ Every tensor is keyed by the parameter table (megatron/model/analytic.py): (laye
 GPTModelPipe layer index and the name inside that layer, with the full shape and the TP split
 dim. Nothing about the model's parameters is written here twice.
 
-What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes):
+What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes, except ZeRO's files):
   pipeline engine     layer_LL-model_TT-model_states.pt  layer LL's weights on TP rank TT (the
                                                           last stage's tied copy is not saved)
                       mp_rank_MM_model_states.pt          optimizer + our client state of model-
                                                           parallel rank MM = stage x TP + TP rank
   --no-pipeline-parallel  mp_rank_TT_model_states.pt      all of the above, the module under "module"
+  fp16 / bf16 / ZeRO 1-2  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  the fp32 masters and Adam state
+                          of DP rank D, flat (every DP rank writes its own; checkpoint_zero_state.py)
 plus ours: megatron_layout.json (shape + layout) and megatron_model.json (numerics, tokenizer).
 Torch only: no DeepSpeed, no transformers. Reading never writes anything.
 """

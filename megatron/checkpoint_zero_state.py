@@ -85,3 +85,10 @@ def read_flat_state(checkpoint, layers, table_key):
             state["step"] = slices[0]["step"]
         states[ident] = state
     return masters, states
+
+
+def read_loss_scaler(checkpoint):
+    """fp16's dynamic loss scaler as saved (scale, iterations since the last overflow): the same on
+    every rank, so DP rank 0 of the first model-parallel rank holds it. None when not saved."""
+    files = zero_files(checkpoint.step_dir, 0)
+    return _load(files[0])["optimizer_state_dict"].get("loss_scaler") if files else None

@@ -51,3 +51,11 @@ def write_flat_state(engine, value_of, with_optimizer):
             if step is not None:
                 base.state[flat]["step"] = step.clone() if torch.is_tensor(step) else torch.tensor(float(step))
     optimizer.update_lp_params()
+
+
+def set_loss_scaler(engine, loss_scaler):
+    """fp16 with ZeRO: carry the saved dynamic loss scale over (DeepSpeed's universal loader does
+    the same), instead of restarting from --initial-loss-scale."""
+    if loss_scaler is not None and hasattr(engine.optimizer, "loss_scaler"):
+        engine.optimizer.loss_scaler = loss_scaler
+        engine.optimizer.dynamic_loss_scale = loss_scaler.dynamic

@@ -177,6 +177,10 @@ def load_resharded(engine, args):
             p.copy_(local(p)[0])
         if holds_flat_partitions(engine):
             write_flat_state(engine, local, with_optimizer)
+            if args.fp16 and with_optimizer and flat_source:
+                from megatron.checkpoint_zero_state import read_loss_scaler
+                from megatron.ds_optimizer_state import set_loss_scaler
+                set_loss_scaler(engine, read_loss_scaler(source))
         elif with_optimizer:  # the torch optimizer updates the module's own fp32 parameters
             for group in engine.optimizer.param_groups:
                 for p in group["params"]:
