@@ -20,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from launcher import TINY, launch
+from launcher import TINY, launch, losses
 from test_checkpoint_layouts import checkpoint_at, digest, log_lines
 from test_flag_validation import entry_point  # noqa: F401  (the in-process pretrain_gpt.main fixture)
 
@@ -102,16 +102,27 @@ def test_bf16_zero1_resumes_at_tp2_pp1_dp2(original):
     assert digest(original["at2"]) == original["digest2"]
 
 
-def test_bf16_zero1_saved_at_dp2_resumes_at_dp1_zero0(dp2):
+def in_process(flags, capsys):
+    """pretrain_gpt.main on one rank in this process (the entry_point fixture's world of one):
+    (stdout, progress), without a launch's start-up cost."""
+    import pretrain_gpt
+    capsys.readouterr()
+    _, progress = pretrain_gpt.main([str(f) for f in flags])
+    return capsys.readouterr().out, progress
+
+
+def test_bf16_zero1_saved_at_dp2_resumes_at_dp1_zero0(dp2, entry_point, capsys):  # noqa: F811
     src = checkpoint_at(dp2["ckpt"], 4, str(dp2["tmp"] / "at4"))
     before = digest(src)
-    # DeepSpeed alone would stop here with a ZeRORuntimeException traceback (DP world size 2 vs 1)
+    # DeepSpeed alone would stop here with a ZeRORuntimeException traceback (DP world size 2 vs 1);
     # and with ZeRO 0, where the pipeline engine's bf16 optimizer is DeepSpeed's BF16_Optimizer
-    proc, ranks = launch(1, BF16 + ["--zero-stage", 0, "--load", src], str(dp2["tmp"] / "dp1"))
-    assert "resharding weights and optimizer state (ZeRO stage 1 -> 0, DP=2 -> DP=1)" in proc.stdout
-    assert sorted(map(int, ranks[0]["losses"])) == [5, 6]
-    _continues(ranks[0], dp2["rank"], (5, 6), BF16_TOL)
-    assert ranks[0]["gigaflos_no_embeds"] == pytest.approx(dp2["rank"]["gigaflos_no_embeds"], rel=1e-12)
+    out, progress = in_process(BF16 + ["--zero-stage", 0, "--load", src], capsys)
+    assert "resharding weights and optimizer state (ZeRO stage 1 -> 0, DP=2 -> DP=1)" in out
+    curve = losses(out)
+    assert sorted(curve) == [5, 6]
+    for it in (5, 6):
+        assert curve[it] == pytest.approx(dp2["rank"]["losses"][str(it)], rel=0, abs=BF16_TOL), it
+    assert progress.gigaflos_no_embeds == pytest.approx(dp2["rank"]["gigaflos_no_embeds"], rel=1e-12)
     assert digest(src) == before
 
 
@@ -135,17 +146,19 @@ def test_resumed_masters_and_moments_are_the_saved_ones_exactly(original, dp2):
     assert digest(original["at2"]) == original["digest2"]
 
 
-def test_deepspeed_universal_checkpoint_resumes_at_another_layout(original):
+def test_deepspeed_universal_checkpoint_resumes_at_another_layout(original, entry_point, capsys):  # noqa: F811
     """DeepSpeed's ds_to_universal.py output (converted in the fixture), then --universal-checkpoint
     at TP=1 x PP=1 x DP=1: DeepSpeed cuts the slices and partitions itself."""
     load = original["tmp"] / "universal"
     (load / "latest_universal").write_text("global_step2_universal")
-    proc, ranks = launch(1, BF16 + ["--load", load, "--universal-checkpoint", "--exit-interval", 4],
-                         str(original["tmp"] / "uc"))
-    assert f"resuming DeepSpeed universal checkpoint {load}/global_step2_universal at TP=1 x PP=1 x DP=1" in proc.stdout
-    assert ranks[0]["padded_vocab_size"] == PADDED_TP2
-    _continues(ranks[0], original["last"], (3, 4), BF16_TOL)
-    assert log_lines(proc.stdout)[3] == pytest.approx(original["log"][3], rel=1e-12)
+    out, progress = in_process(BF16 + ["--load", load, "--universal-checkpoint", "--exit-interval", 4], capsys)
+    assert f"resuming DeepSpeed universal checkpoint {load}/global_step2_universal at TP=1 x PP=1 x DP=1" in out
+    assert f"vocabulary kept padded to {PADDED_TP2} as saved" in out
+    curve = losses(out)
+    for it in (3, 4):
+        assert curve[it] == pytest.approx(original["last"]["losses"][str(it)], rel=0, abs=BF16_TOL), it
+    assert log_lines(out)[3] == pytest.approx(original["log"][3], rel=1e-12)
+    assert progress.gigaflos_no_embeds == pytest.approx(original["last"]["gigaflos_no_embeds"], rel=1e-12)
     assert digest(original["at2"]) == original["digest2"]
 
 
@@ -182,10 +195,23 @@ def test_moe_change_of_layout_is_one_line(entry_point, tmp_path):  # noqa: F811
            "--train-iters", 1]
     ckpt = tmp_path / "moe"
     import pretrain_gpt
-    pretrain_gpt.main([str(f) for f in TINY + moe + ["--save", ckpt]])
+    pretrain_gpt.main([str(f) for f in TINY + moe + ["--save", ckpt]])  # one build, counted below
     assert glob.glob(str(ckpt / "global_step1" / "*expert*"))
     line = _refused(entry_point, TINY + moe + ["--load", ckpt, "--zero-stage", 1, "--create-moe-param-group"], ckpt,
                     built_before=1)  # the saving run's build
     assert "resuming a mixture-of-experts checkpoint (TP=1 x PP=1, no pipeline engine x DP=1, ZeRO 0)" in line
     assert "is not supported; resume at the saved layout and ZeRO stage" in line
     shutil.rmtree(ckpt)
+
+
+def test_bf16_pipeline_checkpoint_resumes_on_the_non_pipeline_engine_with_zero2(original, entry_point,  # noqa: F811
+                                                                               capsys):
+    """One rank: the pipeline engine's TP=2 x PP=2 ZeRO-1 checkpoint continues on the
+    --no-pipeline-parallel engine with ZeRO 2 (other parameter names, gradients partitioned too)."""
+    at2 = original["at2"]
+    out, _ = in_process(BF16 + ["--no-pipeline-parallel", "--zero-stage", 2, "--load", at2, "--exit-interval", 3],
+                        capsys)
+    assert ("at TP=1 x PP=1, no pipeline engine: resharding weights and optimizer state (ZeRO stage 1 -> 2)"
+            in out)
+    assert losses(out)[3] == pytest.approx(original["last"]["losses"]["3"], rel=0, abs=BF16_TOL)
+    assert digest(at2) == original["digest2"]
