@@ -20,6 +20,7 @@ import sys
 
 import pytest
 import torch
+from distributed import run_distributed
 from launcher import TINY, launch, losses
 from test_checkpoint_layouts import checkpoint_at, digest, log_lines
 from test_flag_validation import entry_point  # noqa: F401  (the in-process pretrain_gpt.main fixture)
@@ -215,3 +216,43 @@ def test_bf16_pipeline_checkpoint_resumes_on_the_non_pipeline_engine_with_zero2(
             in out)
     assert losses(out)[3] == pytest.approx(original["last"]["losses"]["3"], rel=0, abs=BF16_TOL)
     assert digest(at2) == original["digest2"]
+
+
+def _names_and_tags():
+    """Every variant on both engines at TP=1 x PP=1: each built parameter's name and its TP tags."""
+    from megatron import mpu
+    from megatron.model.config import GPTConfig
+    from megatron.model.gpt_model import GPTModel, GPTModelPipe
+    from megatron.model.shape import ModelShape
+    from variants import VARIANTS, shape_kwargs
+    out = {}
+    for name in VARIANTS:
+        config = GPTConfig(ModelShape(**shape_kwargs(name)))
+        for pipeline in (True, False):
+            model = GPTModelPipe(config, topology=mpu.get_topology()) if pipeline else GPTModel(config)
+            out[(name, pipeline)] = {n: (getattr(p, "tensor_model_parallel", False), getattr(p, "partition_dim", None))
+                                     for n, p in model.named_parameters()}
+    return out
+
+
+def test_universal_checkpoint_info_names_every_built_parameter_by_its_tp_split():
+    """The patterns (written from the parameter table) against the built modules' own TP tags:
+    each TP-replicated parameter matches exactly one replicated pattern, each row-parallel one
+    (split on dim 1) one row pattern, and nothing else matches either."""
+    import re
+
+    from deepspeed.checkpoint import constants as c
+
+    from megatron.model.shape import ModelShape
+    from megatron.universal_checkpoint import universal_checkpoint_info
+    from variants import shape_kwargs
+    [built] = run_distributed(1, _names_and_tags)
+    for (name, pipeline), params in built.items():
+        info = universal_checkpoint_info(ModelShape(**shape_kwargs(name)), pipeline)
+        for param, (split, dim) in params.items():
+            replicated = [p for p in info[c.TP_REPLICATED_PARAMETER_PATTERNS] if re.match(p, param)]
+            rows = [p for p in info[c.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS] if re.match(p, param)]
+            assert len(replicated) == (0 if split else 1), (name, pipeline, param, replicated)
+            assert len(rows) == (1 if split and dim == 1 else 0), (name, pipeline, param, rows)
+        tied_copy = [p for p in params if re.match(r"^tied_modules\.embed\.", p)]
+        assert bool(info[c.PIPELINE_REPLICATED_PARAMETER_PATTERNS]) == bool(tied_copy)
