@@ -46,6 +46,11 @@ def write_flat_state(engine, value_of, with_optimizer):
                 keys |= set(moments)
                 step = saved_step if step is None else step
         if keys:
+            for lp in lp_group:  # a parameter without saved state (it never had a gradient) starts at zero
+                if lp._hp_mapping is not None:
+                    fragment = lp._hp_mapping.get_hp_fragment()
+                    for key in keys - set(lp._hp_mapping.optim_fragment):
+                        lp._hp_mapping.optim_fragment[key] = torch.zeros_like(fragment)
             flat = group["params"][0]
             map_to_flat_opt_states(flat, lp_group, base.state, keys)
             if step is not None:
