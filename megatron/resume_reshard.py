@@ -70,6 +70,10 @@ def plan_universal(args, ours):
     from megatron.checkpoint_reshard import saved_precision
     _check_shape(saved, ours, args, where)
     _check_precision(saved_precision(config), args, where)
+    if saved["ds_pipeline_enabled"] != args.ds_pipeline_enabled:  # DeepSpeed finds parameters by module name
+        engine = "the pipeline engine" if saved["ds_pipeline_enabled"] else "--no-pipeline-parallel"
+        raise ConfigError(f"{where}: saved with {engine}, whose parameter names this engine does not have; resume "
+                          f"with {engine}, or with --load alone (which switches engines)")
     _keep_padded_vocab(saved["padded_vocab_size"], args, where)
     args.universal_tag = tag
     print_rank_0(f"resuming DeepSpeed universal checkpoint {args.load}/{tag} at {_describe(args)} x "

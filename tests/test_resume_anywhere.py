@@ -186,6 +186,11 @@ def test_unsupported_changes_are_one_line_before_the_model(original, entry_point
     line = _refused(entry_point, BF16 + ["--zero-stage", 0, "--load", original["tmp"] / "universal",
                                          "--universal-checkpoint"], at2)
     assert "DeepSpeed loads universal checkpoints into ZeRO's optimizer only" in line and "--zero-stage 1" in line
+    universal_dir = original["tmp"] / "universal"
+    (universal_dir / "latest_universal").write_text("global_step2_universal")
+    line = _refused(entry_point, BF16 + ["--no-pipeline-parallel", "--load", universal_dir, "--universal-checkpoint"],
+                    at2)
+    assert "saved with the pipeline engine, whose parameter names this engine does not have" in line
     line = _refused(entry_point, BF16 + ["--load", at2, "--universal-checkpoint"], at2)
     assert f"{at2}/latest_universal is missing; convert with DeepSpeed's ds_to_universal.py" in line
 
