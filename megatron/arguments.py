@@ -165,6 +165,8 @@ def _add_checkpointing_args(parser):
     g.add_argument("--finetune", action="store_true")
     g.add_argument("--kill-switch-path", type=str, default=None,
                    help="when this file exists, every rank saves a checkpoint and exits (BigScience's fork)")
+    g.add_argument("--universal-checkpoint", action="store_true",
+                   help="--load the output of DeepSpeed's ds_to_universal.py named by DIR/latest_universal")
 
 
 def _add_mixed_precision_args(parser):
@@ -633,6 +635,9 @@ def _apply_deepspeed_config(args):
     _require(not (args.sync_tp_duplicated_parameters and args.zero_stage == 3),
              "--sync-tp-duplicated-parameters does not work with ZeRO stage 3 (its parameters are partitioned "
              "when the sync runs): use --zero-stage 0, 1 or 2")
+    _require(not (args.universal_checkpoint and not args.load), "--universal-checkpoint needs --load DIR")
+    if args.universal_checkpoint:
+        config.setdefault("checkpoint", {})["load_universal"] = True
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)

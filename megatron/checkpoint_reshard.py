@@ -7,12 +7,14 @@ Every tensor is keyed by the parameter table (megatron/model/analytic.py): (laye
 GPTModelPipe layer index and the name inside that layer, with the full shape and the TP split
 dim. Nothing about the model's parameters is written here twice.
 
-What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes):
+What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes, except ZeRO's files):
   pipeline engine     layer_LL-model_TT-model_states.pt  layer LL's weights on TP rank TT (the
                                                           last stage's tied copy is not saved)
                       mp_rank_MM_model_states.pt          optimizer + our client state of model-
                                                           parallel rank MM = stage x TP + TP rank
   --no-pipeline-parallel  mp_rank_TT_model_states.pt      all of the above, the module under "module"
+  fp16 / bf16 / ZeRO 1-2  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  the fp32 masters and Adam state
+                          of DP rank D, flat (every DP rank writes its own; checkpoint_zero_state.py)
 plus ours: megatron_layout.json (shape + layout) and megatron_model.json (numerics, tokenizer).
 Torch only: no DeepSpeed, no transformers. Reading never writes anything.
 """
@@ -63,6 +65,11 @@ def optimizer_param_names(engine):
     names = {id(p): n for n, p in engine.module.named_parameters()}
     groups = [[names.get(id(p)) for p in group["params"]] for group in engine.optimizer.param_groups]
     return None if any(n is None for group in groups for n in group) else groups
+
+
+def saved_precision(ds_config):
+    """fp32 / fp16 / bf16 from the ds_config DeepSpeed saves in every mp_rank file."""
+    return next((p for p in ("bf16", "fp16") if (ds_config.get(p) or {}).get("enabled")), "fp32")
 
 
 def table_key(name, shape, pipeline):
@@ -246,8 +253,9 @@ class Checkpoint:
         state = _load(path)
         optimizer, names = state.get("optimizer"), state.get("optimizer_param_names")
         if not isinstance(optimizer, dict) or "state" not in optimizer:
-            raise ConfigError(f"{path}: holds no plain optimizer state (saved with fp16 / bf16 / ZeRO or "
-                              f"--no-save-optim); resume at the saved layout {self.describe()} or pass --no-load-optim")
+            raise ConfigError(f"{path}: holds no optimizer state this code can reshard (DeepSpeed's FP16_Optimizer, "
+                              f"fp16 or bf16 without ZeRO, keeps no parameter names); resume at the saved layout "
+                              f"{self.describe()} or pass --no-load-optim")
         if names is None:
             raise ConfigError(f"{path}: the optimizer's parameter names were not saved (a checkpoint from before "
                               f"layout changes were supported); resume at the saved layout {self.describe()} or "
@@ -256,7 +264,33 @@ class Checkpoint:
 
     def check_optimizer(self):
         """The optimizer state can be resharded (checked on one file, before anything is built)."""
-        self._plain_optimizer(self._mp_file(0, 0))
+        if self.saved_setup()["form"] != "flat":
+            self._plain_optimizer(self._mp_file(0, 0))
+
+    def saved_setup(self):
+        """What the checkpoint was saved with, from DeepSpeed's mp_rank_00 file: precision, ZeRO
+        stage, DP size and the optimizer's form: "flat" (ZeRO 1/2 or BF16_Optimizer: fp32
+        partitions with param_slice_mappings, see checkpoint_zero_state.py) or "torch" (the plain
+        optimizer, fp32 without ZeRO)."""
+        if getattr(self, "_setup", None) is None:
+            from megatron.checkpoint_zero_state import zero_files
+            state = _load(self._mp_file(0, 0))
+            config = state.get("ds_config") or {}
+            self._setup = {"precision": saved_precision(config), "dp": state.get("dp_world_size", 1),
+                           "zero_stage": (config.get("zero_optimization") or {}).get("stage", 0),
+                           "form": "flat" if zero_files(self.step_dir, 0) else "torch"}
+        return self._setup
+
+    def read_masters_and_optimizer(self, layers=None):
+        """({(layer, key): fp32 master or None}, {(layer, key): optimizer state}): the fp32 master
+        weights (None where the weights are the masters: the plain fp32 optimizer) and Adam's
+        full moments and step, whatever the saved precision, ZeRO stage and layout."""
+        layers = self._layers(layers)
+        if self.saved_setup()["form"] == "flat":
+            from megatron.checkpoint_zero_state import read_flat_state
+            return read_flat_state(self, layers, table_key)
+        states, _ = self.read_optimizer(layers)
+        return {}, states
 
     def read_optimizer(self, layers=None):
         """{(layer, key): {state name: full tensor, or the scalar step}} of the optimizer, from the

@@ -21,6 +21,7 @@ from megatron.arguments import ConfigError
 from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
 from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, write_model_info
 from megatron.training_state import saved_progress
+from megatron.universal_checkpoint import attach_universal_checkpoint_info
 from megatron.model.shape import gpt2_variant
 
 # what must match for the saved tensors to fit the model being built
@@ -82,6 +83,7 @@ def save_checkpoint(engine, lr_scheduler, progress, args):
     }
     if not args.no_save_rng:
         client_state["rng_state"] = _rng_state()
+    attach_universal_checkpoint_info(engine, args)  # so that DeepSpeed's ds_to_universal.py converts it
     with _moe_writers(engine, args):
         engine.save_checkpoint(args.save, tag=_tag(iteration), client_state=client_state, save_latest=False)
     dist.barrier()  # every rank's shards are on disk before the pointers move
@@ -121,13 +123,16 @@ def check_layout(load_dir, iteration, args):
         saved = json.load(f)
     # a checkpoint written before architecture variants existed is a GPT-2
     saved = {**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved}
-    ours = _layout(args)
-    if saved != ours:  # another TP x PP layout is resharded on load; another shape fails here
-        from megatron.resume_reshard import plan_reshard
-        plan_reshard(load_dir, iteration, saved, ours, args)
+    # another shape or precision fails here; another TP x PP x DP layout or ZeRO stage is resharded on load
+    from megatron.resume_reshard import plan_reshard
+    plan_reshard(load_dir, iteration, saved, _layout(args), args)
 
 
 def check_load_layout(args):
+    if args.universal_checkpoint:
+        from megatron.resume_reshard import plan_universal
+        plan_universal(args, _layout(args))
+        return
     iteration = read_tracker(args.load)
     if iteration is not None:
         check_layout(args.load, iteration, args)
@@ -137,11 +142,14 @@ def load_checkpoint(engine, lr_scheduler, progress, args):
     """Restores the weights (and optimizer, LR schedule and `progress` unless --finetune) and
     returns the saved RNG state or None. The caller restores the RNG state once everything that
     draws from the RNG during setup has run."""
-    iteration = read_tracker(args.load)
-    if iteration is None:
+    iteration = None if args.universal_checkpoint else read_tracker(args.load)
+    if args.universal_checkpoint:  # DeepSpeed cuts TP slices and DP partitions from DIR/<tag>/zero
+        path, client_state = engine.load_checkpoint(args.load, tag=args.universal_tag, load_lr_scheduler_states=False,
+                                                    load_optimizer_states=not args.no_load_optim and not args.finetune)
+    elif iteration is None:
         print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
         return None
-    if getattr(args, "reshard_source", None):  # saved at another TP x PP layout (see check_layout)
+    elif getattr(args, "reshard_source", None):  # saved at another TP x PP layout (see check_layout)
         from megatron.resume_reshard import load_resharded
         path, client_state = load_resharded(engine, args)
     else:
@@ -150,6 +158,8 @@ def load_checkpoint(engine, lr_scheduler, progress, args):
                                                     load_lr_scheduler_states=False)
     if path is None:
         raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
+    if args.universal_checkpoint:
+        client_state.pop("rng_state", None)  # another layout's: the run reseeds from --seed
     if args.finetune:
         print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
         return None

@@ -1,14 +1,16 @@
-"""Resume a checkpoint saved at TP=a x PP=b in a run at TP=c x PP=d of the same model shape
-(automatic on --load; the pipeline and the --no-pipeline-parallel engines mix too).
+"""Resume a checkpoint saved at one TP x PP x DP layout (and ZeRO stage) in a run at another, with
+the same model shape and precision (automatic on --load; the pipeline and the
+--no-pipeline-parallel engines mix too).
 
 Each rank reads the saved shards of the layers it holds, merges them into full tensors and cuts
-its own slice (megatron/checkpoint_reshard.py): weights exactly, Adam's moments and step the same
-way. Iteration, consumed samples (the data position), gigaflos and the LR schedule are layout-free
+its own slice (megatron/checkpoint_reshard.py): the fp32 master weights (the weights themselves
+in plain fp32; DeepSpeed's flat DP partitions with fp16 / bf16 / ZeRO, see
+megatron/checkpoint_zero_state.py), Adam's moments and step. They go into this run's optimizer as
+it holds them: the torch optimizer's per-parameter state, or DeepSpeed's flat partitions of this
+DP rank (megatron/ds_optimizer_state.py), from which the low-precision weights are refreshed.
+Iteration, consumed samples (the data position), gigaflos and the LR schedule are layout-free
 client state and carry over as they are. RNG states are per TP / PP rank and do not: the run
 reseeds from --seed (dropout masks differ from the original layout's, as they would anyway).
-
-Supported where the optimizer updates the module's own fp32 parameters: fp32 without ZeRO, the
-trainer's default. fp16 / bf16 / ZeRO keep flat master copies: a clear error names the flags.
 """
 import dataclasses
 
@@ -16,6 +18,7 @@ import torch
 
 from megatron import mpu, print_rank_0
 from megatron.checkpoint_reshard import PARALLEL_KEYS, Checkpoint, table_key, tp_cut
+from megatron.memory import TrainingSetup
 from megatron.model.analytic import parameter_table
 from megatron.model.shape import ConfigError, pad_vocab_size
 from megatron.training_state import saved_progress
@@ -26,11 +29,20 @@ def _describe(args):
     return f"TP={args.tensor_model_parallel_size} x PP={args.pipeline_model_parallel_size}{engine}"
 
 
-def plan_reshard(load_dir, iteration, saved, ours, args):
-    """Before the model is built, when the saved layout differs from this run's: a shape mismatch
-    (both shapes named), an unsupported precision or a missing / truncated shard fails here; else
-    the padded vocab is kept as saved and args.reshard_source is set for load_resharded."""
-    where = f"--load {load_dir}"
+def _precision(args):
+    return "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
+
+
+# optimizers DeepSpeed builds (megatron/memory.py's names) whose state cannot be put back at another layout
+_UNSUPPORTED = {"zero3": "ZeRO stage 3 partitions the weights too",
+                "fp16_fused": "DeepSpeed's FP16_Optimizer keeps flat fp32 copies without parameter names",
+                "fp16_unfused": "DeepSpeed's FP16_Optimizer keeps flat fp32 copies without parameter names"}
+
+
+def _check_shape(saved, ours, args, where):
+    """Another model shape (not layout) fails in one line naming what differs."""
+    if saved == ours:
+        return
     shape_keys = [k for k in dict.fromkeys(list(saved) + list(ours)) if k not in PARALLEL_KEYS]
     vocab = args.model_shape.vocab_size
     differ = [f"{k}: saved {saved.get(k)} vs now {ours.get(k)}" for k in shape_keys if saved.get(k) != ours.get(k)]
@@ -39,22 +51,72 @@ def plan_reshard(load_dir, iteration, saved, ours, args):
     if differ:
         raise ConfigError(f"{where}: the checkpoint's model shape differs from this run's ({', '.join(differ)}); "
                           f"launch with the saved shape")
+
+
+def _check_precision(saved, args, where):
+    if saved != _precision(args):
+        flag = "" if saved == "fp32" else f" (--{saved})"
+        raise ConfigError(f"{where}: the checkpoint was saved in {saved}, this run trains in {_precision(args)}; "
+                          f"launch with the saved precision{flag}")
+
+
+def plan_universal(args, ours):
+    """--universal-checkpoint, before the model is built: DeepSpeed's converted folder holds this
+    model's shape in this precision; the padded vocab is kept as saved (DeepSpeed cuts TP slices
+    of the saved tensors as they are)."""
+    from megatron.universal_checkpoint import check_universal_load
+    where = f"--universal-checkpoint --load {args.load}"
+    tag, saved, config = check_universal_load(args)
+    from megatron.checkpoint_reshard import saved_precision
+    _check_shape(saved, ours, args, where)
+    _check_precision(saved_precision(config), args, where)
+    if saved["ds_pipeline_enabled"] != args.ds_pipeline_enabled:  # DeepSpeed finds parameters by module name
+        engine = "the pipeline engine" if saved["ds_pipeline_enabled"] else "--no-pipeline-parallel"
+        raise ConfigError(f"{where}: saved with {engine}, whose parameter names this engine does not have; resume "
+                          f"with {engine}, or with --load alone (which switches engines)")
+    _keep_padded_vocab(saved["padded_vocab_size"], args, where)
+    args.universal_tag = tag
+    print_rank_0(f"resuming DeepSpeed universal checkpoint {args.load}/{tag} at {_describe(args)} x "
+                 f"DP={args.data_parallel_size}")
+
+
+def plan_reshard(load_dir, iteration, saved, ours, args):
+    """Before the model is built, on every --load: nothing to do when the checkpoint fits this run
+    as DeepSpeed saved it (same TP x PP layout and ZeRO stage and, for DP-partitioned optimizer
+    state, the same DP size); otherwise a shape or precision mismatch, an unsupported optimizer or
+    a missing / truncated shard fails here in one line, else the padded vocab is kept as saved and
+    args.reshard_source is set for load_resharded."""
+    where = f"--load {load_dir}"
+    _check_shape(saved, ours, args, where)
     source = Checkpoint(load_dir, iteration)
+    setup = source.saved_setup()
+    _check_precision(setup["precision"], args, where)
+    with_optimizer = not (args.no_load_optim or args.finetune)
+    moved = []
+    if setup["zero_stage"] != args.zero_stage and with_optimizer:
+        moved.append(f"ZeRO stage {setup['zero_stage']} -> {args.zero_stage}")
+    if setup["form"] == "flat" and setup["dp"] != args.data_parallel_size and with_optimizer:
+        moved.append(f"DP={setup['dp']} -> DP={args.data_parallel_size}")
+    if saved == ours and not moved:
+        return  # DeepSpeed's own load, exactly as saved
+    now = f"{_describe(args)} x DP={args.data_parallel_size}"
     if args.model_shape.is_moe:  # DeepSpeed writes experts per EP rank; resharding them is not built
-        raise ConfigError(f"{where}: resuming a mixture-of-experts checkpoint ({source.describe()}) at "
-                          f"{_describe(args)} is not supported; resume at the saved layout")
-    precision = [flag for flag, on in (("--fp16", args.fp16), ("--bf16", args.bf16),
-                                       (f"--zero-stage {args.zero_stage}", args.zero_stage != 0)) if on]
-    if precision:
-        raise ConfigError(f"{where}: resuming a {source.describe()} checkpoint at {_describe(args)} works in fp32 "
-                          f"without ZeRO only (this run has {' '.join(precision)}); resume at the saved layout")
+        raise ConfigError(f"{where}: resuming a mixture-of-experts checkpoint ({source.describe()} x DP={setup['dp']}, "
+                          f"ZeRO {setup['zero_stage']}) at {now}, ZeRO {args.zero_stage} is not supported; resume at "
+                          f"the saved layout and ZeRO stage")
+    wrapper = TrainingSetup.from_args(args).optimizer_wrapper()
+    if wrapper in _UNSUPPORTED:
+        raise ConfigError(f"{where}: resuming a {source.describe()} checkpoint at {now} in {_precision(args)} with "
+                          f"ZeRO stage {args.zero_stage} is not supported ({_UNSUPPORTED[wrapper]}); "
+                          f"use --zero-stage 1, or resume at the saved layout")
     source.check_readable()
-    if not (args.no_load_optim or args.finetune):
+    if with_optimizer:
         source.check_optimizer()
     _keep_padded_vocab(saved["padded_vocab_size"], args, where)
     args.reshard_source = (load_dir, iteration)
+    change = f" ({', '.join(moved)})" if moved else ""
     print_rank_0(f"resuming {source.describe()} checkpoint {source.step_dir} at {_describe(args)}: "
-                 f"resharding weights{'' if args.no_load_optim or args.finetune else ' and optimizer state'}")
+                 f"resharding weights{' and optimizer state' if with_optimizer else ''}{change}")
 
 
 def _keep_padded_vocab(saved, args, where):
@@ -78,7 +140,7 @@ def _keep_padded_vocab(saved, args, where):
     print_rank_0(f"vocabulary kept padded to {saved} as saved (--make-vocab-size-divisible-by {divisor} at TP={tp})")
 
 
-def _local(value, spec, tp, tp_rank):
+def _cut(value, spec, tp, tp_rank):
     if torch.is_tensor(value) and value.dim() > 0:
         return tp_cut(value, spec, tp, tp_rank).clone(memory_format=torch.contiguous_format)
     return value.clone() if torch.is_tensor(value) else value
@@ -87,6 +149,7 @@ def _local(value, spec, tp, tp_rank):
 def load_resharded(engine, args):
     """Fills this rank's module and optimizer from the saved checkpoint of another layout;
     returns (path, client state) as engine.load_checkpoint does, without the RNG state."""
+    from megatron.ds_optimizer_state import holds_flat_partitions, write_flat_state
     load_dir, iteration = args.reshard_source
     source = Checkpoint(load_dir, iteration)
     shape = args.model_shape
@@ -94,23 +157,43 @@ def load_resharded(engine, args):
     specs = {(s.layer, s.key): s for s in parameter_table(shape)}
     params = [(p, table_key(name, shape, args.ds_pipeline_enabled)) for name, p in engine.module.named_parameters()]
     layers = {ident[0] for _, ident in params}
+    with_optimizer = not (args.no_load_optim or args.finetune)
+    # the fp32 masters and Adam's state: a mixed-precision / ZeRO source keeps its masters in
+    # DeepSpeed's flat partitions (read even without the optimizer: the weights are their copies);
+    # a plain fp32 source's masters are its weights
+    flat_source = source.saved_setup()["form"] == "flat"
+    masters, states = source.read_masters_and_optimizer(layers) if with_optimizer or flat_source else ({}, {})
     full = source.read_weights(layers)
-    with torch.no_grad():
-        for p, ident in params:
-            if tuple(full[ident].shape) != tuple(specs[ident].shape):
-                raise ConfigError(f"{source.step_dir}: {ident} is {tuple(full[ident].shape)}, this run builds "
-                                  f"{tuple(specs[ident].shape)}")
-            p.copy_(tp_cut(full[ident], specs[ident], tp, tp_rank))
+    for ident, tensor in full.items():
+        if tuple(tensor.shape) != tuple(specs[ident].shape):
+            raise ConfigError(f"{source.step_dir}: {ident} is {tuple(tensor.shape)}, this run builds "
+                              f"{tuple(specs[ident].shape)}")
+        masters.setdefault(ident, tensor)
     del full
-    if not (args.no_load_optim or args.finetune):
-        states, _ = source.read_optimizer(layers)
-        ident_of = {id(p): ident for p, ident in params}
-        for group in engine.optimizer.param_groups:
-            for p in group["params"]:
-                ident = ident_of[id(p)]
-                saved = states.get(ident)
-                if saved:  # a parameter that never had a gradient (the last stage's position table copy) has none
-                    engine.optimizer.state[p] = {k: _local(v, specs[ident], tp, tp_rank) for k, v in saved.items()}
+    ident_of = {id(p): ident for p, ident in params}
+
+    def local(p):
+        """(fp32 master, Adam's moments, step) of this rank's slice of p."""
+        ident = ident_of[id(p)]
+        spec, saved = specs[ident], states.get(ident) or {}
+        moments = {k: _cut(v, spec, tp, tp_rank) for k, v in saved.items() if k != "step"}
+        return _cut(masters[ident].float(), spec, tp, tp_rank), moments, saved.get("step")
+
+    with torch.no_grad():
+        for p, _ in params:
+            p.copy_(local(p)[0])
+        if holds_flat_partitions(engine):
+            write_flat_state(engine, local, with_optimizer)
+            if args.fp16 and with_optimizer and flat_source:
+                from megatron.checkpoint_zero_state import read_loss_scaler
+                from megatron.ds_optimizer_state import set_loss_scaler
+                set_loss_scaler(engine, read_loss_scaler(source))
+        elif with_optimizer:  # the torch optimizer updates the module's own fp32 parameters
+            for group in engine.optimizer.param_groups:
+                for p in group["params"]:
+                    _, moments, step = local(p)
+                    if moments:  # a parameter that never had a gradient (the last stage's position table copy)
+                        engine.optimizer.state[p] = {**moments, "step": _cut(step, None, 1, 0)}
     client_state = source.client_state()
     # DeepSpeed's own counters, as engine.load_checkpoint sets them
     engine.global_steps = client_state.get("global_steps", saved_progress(client_state)["iteration"])

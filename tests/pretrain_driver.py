@@ -13,6 +13,8 @@ each rank saw to $DRIVER_OUT/rank{R}.json:
     iteration N's log call (the other ranks may look before it exists: they must still stop together);
   * with DRIVER_RECORD_BATCHES=1: the distinct token ids of every sample each rank's batch function
     received (the data actually drawn), in order.
+  * with DRIVER_DUMP_LOADED=1: right after --load, every parameter's weights, fp32 master and Adam
+    moments as DeepSpeed's own API gathers them over DP (safe_get_full_*), in rank{R}_loaded.pt.
 """
 import gc
 import json
@@ -111,7 +113,24 @@ def initialize(*args, **kwargs):
     return (engine, *rest)
 
 
+_load_checkpoint = training.load_checkpoint
+
+
+def load_checkpoint(engine, lr_scheduler, progress, args):
+    result = _load_checkpoint(engine, lr_scheduler, progress, args)
+    if os.environ.get("DRIVER_DUMP_LOADED"):
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+        dump = {name: {"weight": p.detach().clone(), "fp32": safe_get_full_fp32_param(p),
+                       **{k: safe_get_full_optimizer_state(p, k) for k in ("exp_avg", "exp_avg_sq")}}
+                for name, p in engine.module.named_parameters()}
+        steps = [s["step"] for s in engine.optimizer.optimizer.state.values()]
+        torch.save({"params": dump, "steps": steps, "iteration": progress.iteration},
+                   os.path.join(os.environ["DRIVER_OUT"], f"rank{args.rank}_loaded.pt"))
+    return result
+
+
 training.training_log = training_log
+training.load_checkpoint = load_checkpoint
 training.compute_parameter_counts = compute_parameter_counts
 training.train_step = train_step
 training.evaluation_log = evaluation_log

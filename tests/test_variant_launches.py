@@ -4,7 +4,8 @@ untied, no bias) and a BLOOM-style model (ALiBi with 6 heads, embedding LayerNor
 --kv-channels != h/a) at TP=2 x PP=2, and MQA with a GLU of non-default ffn size at PP=2 (MQA
 needs TP=1). Each rank's cached count equals the analytic table, tools/param_count.py and the
 numel of the TP=1 PP=1 model; the LLaMA-style run also resumes exactly from its checkpoint,
-which a GPT-2 launch then refuses before building a model, and exports to LlamaForCausalLM."""
+which a GPT-2 launch then refuses before building a model, resumes at TP=1 x PP=1 with the
+uninterrupted run's loss, and exports to LlamaForCausalLM."""
 import re
 import subprocess
 import sys
@@ -98,6 +99,15 @@ def test_llama_tp2_pp2_counts_resumes_exactly_and_refuses_another_variant(tmp_pa
                               ("add_bias_linear", False, True)):
         assert f"{field}: saved {saved} vs now {now}" in message
     assert "model parameters (exact)" not in proc.stdout
+    # resharded to TP=1 x PP=1 (the fused QKV's kv groups and the SwiGLU halves of both TP ranks
+    # merged): the first resumed loss is the one the run that never stopped computed on that batch
+    (ckpt / "latest").write_text("global_step3")  # the resumed run above saved iteration 6
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+    proc, tp1 = launch(1, flags_for(LLAMA, 1, 1, "--load", ckpt, "--exit-interval", 4), str(tmp_path / "tp1"))
+    (ckpt / "latest").write_text("global_step6")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("6")
+    assert "resuming TP=2 x PP=2 checkpoint" in proc.stdout and "at TP=1 x PP=1: resharding" in proc.stdout
+    assert tp1[0]["losses"]["4"] == pytest.approx(whole[3]["losses"]["4"], rel=0, abs=1e-5)
 
     # exported to transformers as LlamaForCausalLM (GQA, untied): our logits, the trainer's count
     pytest.importorskip("transformers")
