@@ -101,11 +101,19 @@ def _add_training_args(parser):
                    help="<start batch> <increment> <ramp-up samples>, e.g. 2 2 1_000")
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-samples", type=int, default=None)
+    g.add_argument("--train-tokens", type=int, default=None,
+                   help="also stop once this many tokens (samples x seq length) are consumed (Microsoft's fork)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=int, default=None)
     g.add_argument("--optimizer", type=str, default="adam")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)
+    # Megatron-LM's / Microsoft's fork's spelling (2021): the method alone turns checkpointing on
+    g.add_argument("--activations-checkpoint-method", choices=["uniform", "block"], default=None,
+                   help="uniform: checkpoint every chunk of N layers; block: only the first N layers of each "
+                        "pipeline stage, one by one (N = --activations-checkpoint-num-layers)")
+    g.add_argument("--activations-checkpoint-num-layers", type=int, default=None,
+                   help="N of --activations-checkpoint-method (default: --checkpoint-num-layers)")
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
     g.add_argument("--pp-partition-method", type=str, default="type:transformer",
@@ -128,6 +136,14 @@ def _add_learning_rate_args(parser):
     g.add_argument("--lr-warmup-fraction", type=float, default=None)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-warmup-samples", type=int, default=0)
+    # Microsoft's fork: a schedule length in tokens overrides the iteration/sample-based one
+    g.add_argument("--lr-warmup-tokens", type=int, default=None)
+    g.add_argument("--lr-decay-tokens", type=int, default=None)
+    # on --load: the flags' schedule, or the checkpoint's; neither: the two must agree (both forks)
+    g.add_argument("--override-opt_param-scheduler", "--override-lr-scheduler", action="store_true",
+                   dest="override_opt_param_scheduler", help="on resume, the flags' LR schedule wins")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-lr-scheduler", action="store_true",
+                   dest="use_checkpoint_opt_param_scheduler", help="on resume, the checkpoint's LR schedule wins")
 
 
 def _add_checkpointing_args(parser):
@@ -140,6 +156,8 @@ def _add_checkpointing_args(parser):
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
+    g.add_argument("--kill-switch-path", type=str, default=None,
+                   help="when this file exists, every rank saves a checkpoint and exits (BigScience's fork)")
 
 
 def _add_mixed_precision_args(parser):
@@ -173,7 +191,13 @@ def _add_validation_args(parser):
 def _add_data_args(parser):
     g = parser.add_argument_group("data and tokenizer")
     g.add_argument("--data-path", nargs="*", default=None, help="prefix, or weight prefix pairs")
-    g.add_argument("--split", type=str, default="969, 30, 1")
+    g.add_argument("--split", type=str, default=None, help='default "969, 30, 1" (with --data-path only)')
+    # BigScience's second way (megatron/data/weighted_split_paths.py): named groups per split
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-weighted-split-paths", nargs="*", default=None,
+                       help='groups "NAME: WEIGHT START:END PATH, ..."' + (" (one)" if split == "train" else ""))
+        g.add_argument(f"--{split}-weighted-split-paths-path", type=str, default=None,
+                       help="a file holding the groups on one line, each in double quotes")
     g.add_argument("--vocab-file", type=str, default=None)
     g.add_argument("--merge-file", type=str, default=None)
     g.add_argument("--vocab-size", type=int, default=None, help="with --mock-data")
@@ -289,13 +313,13 @@ def _int(text, flag):
 # shape (ModelShape checks those). Checked by validate_flag_values, which tools/param_count.py
 # shares: a flag the caller's parser does not define is skipped.
 POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples", "--exit-interval",
-            "--exit-duration-in-mins", "--checkpoint-num-layers", "--lr-decay-iters", "--lr-decay-samples",
-            "--save-interval", "--eval-interval", "--log-interval", "--tensorboard-queue-size",
-            "--tensorboard-log-interval", "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon",
-            "--init-method-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window",
-            "--hysteresis")
-NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--eval-iters", "--num-workers",
-                "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
+            "--exit-duration-in-mins", "--checkpoint-num-layers", "--activations-checkpoint-num-layers",
+            "--lr-decay-iters", "--lr-decay-samples", "--save-interval", "--eval-interval", "--train-tokens",
+            "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
+            "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std", "--loss-scale",
+            "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
+NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens", "--eval-iters",
+                "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
 FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
 BELOW_ONE = ("--adam-beta1", "--adam-beta2")  # torch's Adam refuses 1.0
 
@@ -398,6 +422,7 @@ def validate_args(args, world_size=None, cuda_available=None):
         args.skip_train_iteration_range = parse_ranges(args.skip_train_iteration_range)
     _validate_precision(args, cuda_available)
     _validate_data(args)
+    _resolve_activation_checkpointing(args)
     # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only
     args.deepspeed_activation_checkpointing = args.deepspeed_activation_checkpointing and args.checkpoint_activations
     _require(not (args.deepspeed_activation_checkpointing and args.contigious_checkpointing
@@ -409,6 +434,25 @@ def validate_args(args, world_size=None, cuda_available=None):
     _apply_deepspeed_config(args)
     check_logging_flags(args, fp32_zero0=not (args.fp16 or args.bf16) and args.zero_stage == 0)
     return args
+
+
+def _resolve_activation_checkpointing(args):
+    """One description of what is recomputed: --checkpoint-activations [--checkpoint-num-layers N] is
+    the uniform method; --activations-checkpoint-method alone turns checkpointing on (as in the forks).
+    Afterwards args.activations_checkpoint_method is None, 'uniform' or 'block' and
+    args.checkpoint_num_layers is its N (shared with tools/param_count.py)."""
+    method, n = args.activations_checkpoint_method, args.activations_checkpoint_num_layers
+    if n is not None:
+        _require(method is not None, "--activations-checkpoint-num-layers needs --activations-checkpoint-method "
+                                     "uniform or block (or use --checkpoint-activations --checkpoint-num-layers)")
+        _require(args.checkpoint_num_layers in (1, n),
+                 f"--activations-checkpoint-num-layers {n} contradicts --checkpoint-num-layers "
+                 f"{args.checkpoint_num_layers}: give one of them")
+        args.checkpoint_num_layers = n
+    if method is not None:
+        args.checkpoint_activations = True
+    elif args.checkpoint_activations:
+        args.activations_checkpoint_method = "uniform"
 
 
 def _validate_moe(args):
@@ -459,6 +503,20 @@ def _validate_training_length(args):
                  "--train-samples goes with --lr-warmup-samples / --lr-decay-samples, not the -iters variants")
     _require(args.lr_warmup_fraction is None or (args.lr_warmup_iters == 0 and args.lr_warmup_samples == 0),
              "give either --lr-warmup-fraction or --lr-warmup-iters/-samples, not both")
+    _require(args.lr_warmup_tokens is None or (args.lr_warmup_fraction is None and args.lr_warmup_iters == 0
+                                                and args.lr_warmup_samples == 0),
+             "--lr-warmup-tokens replaces --lr-warmup-iters/-samples/-fraction: give only one warmup")
+    _require(not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler),
+             "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are exclusive: pick one")
+    from megatron.learning_rates import schedule_lengths
+    (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+    if warmup_tokens is not None or decay_tokens is not None:
+        seq = args.seq_length
+        warmup_tokens = warmup * seq if warmup_tokens is None else warmup_tokens
+        decay_tokens = decay * seq if decay_tokens is None else decay_tokens
+        _require(warmup_tokens < decay_tokens,
+                 f"the warmup ({warmup_tokens} tokens) must end before the decay ({decay_tokens} tokens) does: "
+                 f"lower --lr-warmup-tokens or raise --lr-decay-tokens")
 
 
 def _validate_precision(args, cuda_available):
@@ -472,6 +530,18 @@ def _validate_precision(args, cuda_available):
 def _validate_data(args):
     for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
         _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
+    from megatron.data.weighted_split_paths import groups_from_args
+    args.weighted_split_groups = groups_from_args(args)
+    if args.weighted_split_groups:
+        _require(not args.data_path and args.split is None and not args.mock_data,
+                 "--data-path / --split / --mock-data and --(train|valid|test)-weighted-split-paths are two ways "
+                 "to give the data: use one")
+        if args.tokenizer_type in (None, "GPT2BPETokenizer"):
+            _require(args.vocab_file and args.merge_file,
+                     "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")
+        return
+    if args.split is None:
+        args.split = "969, 30, 1"
     if args.mock_data:
         _require(args.vocab_size is not None or (args.vocab_file and args.merge_file),
                  "--mock-data needs --vocab-size N (or --vocab-file and --merge-file)")

@@ -33,7 +33,7 @@ def skipped_range(ranges, iteration):
     return next(((s, e) for s, e in ranges or () if s <= iteration <= e), None)
 
 
-def skip_iteration(calculator, train_iter, progress):
+def skip_iteration(calculator, train_iter, progress, seq_length):
     """Read and drop one iteration's micro-batches (ranks that read data); count it as consumed."""
     gbs = calculator.get_current_global_batch_size()
     if train_iter is not None:
@@ -41,4 +41,5 @@ def skip_iteration(calculator, train_iter, progress):
             next(train_iter)
     progress.iteration += 1
     progress.consumed_train_samples += gbs
+    progress.consumed_train_tokens += gbs * seq_length
     calculator.update(progress.consumed_train_samples)

@@ -45,6 +45,7 @@ def parse_args(argv=None):
                 args.vocab_size = len(json.load(f))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"--vocab-file {args.vocab_file}: not a GPT-2 vocab.json ({e})") from None
+    arguments._resolve_activation_checkpointing(args)
     args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
     args.memory_setup = _training_setup(args)
     return args
@@ -79,9 +80,12 @@ def report(args):
           f"active parameters without embeddings: {counts.active_no_embedding:,}"] if shape.is_moe else []) + [
         f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, multiple of "
         f"{shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})",
-    ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations)
+    ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
+                                checkpoint_method=args.activations_checkpoint_method,
+                                checkpoint_num_layers=args.checkpoint_num_layers)
     if args.global_batch_size:
-        flops = flops_per_sample(shape, args.checkpoint_activations)
+        flops = flops_per_sample(shape, args.checkpoint_activations, args.activations_checkpoint_method,
+                                 args.checkpoint_num_layers)
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
     return lines + format_memory_report(shape, args.memory_setup)
 
