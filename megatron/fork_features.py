@@ -1,5 +1,5 @@
 """The rest of the forks' published GPT-script flags: Megatron-LM's activation-recompute spellings
-(mapped onto --checkpoint-activations where the meaning is the same), the logging flags
+(mapped onto --activations-checkpoint-method, the same meaning), the logging flags
 --log-params-norm / --log-num-zeros-in-grad (megatron/grad_stats.py), and the features this
 trainer does not have, each refused with one line before anything is built (a script passing them
 expects a training this trainer would not do)."""
@@ -43,10 +43,9 @@ REFUSED = {
 def add_args(parser):
     g = parser.add_argument_group("fork features (megatron/fork_features.py)")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
-                   help="full (with --recompute-method uniform) = --checkpoint-activations; selective: no effect")
+                   help="full = --activations-checkpoint-method (--recompute-method); selective: no effect")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
-    g.add_argument("--recompute-num-layers", type=int, default=1,
-                   help="uniform: layers per checkpointed chunk (= --checkpoint-num-layers)")
+    g.add_argument("--recompute-num-layers", type=int, default=1, help="= --activations-checkpoint-num-layers")
     g.add_argument("--recompute-activations", action="store_true", help="= --recompute-granularity selective")
     g.add_argument("--log-params-norm", action="store_true", help="L2 norm of the parameters in the log line")
     g.add_argument("--log-num-zeros-in-grad", action="store_true",
@@ -83,24 +82,30 @@ def refuse_and_map(args):
 
 
 def map_recompute(args):
-    """Microsoft's fork: --recompute-granularity full --recompute-method uniform checkpoints chunks of
-    --recompute-num-layers layers, in the pipeline (its activation_checkpoint_interval) and without
-    it, which is --checkpoint-activations --checkpoint-num-layers N here; --checkpoint-activations,
-    when also given, wins with its own --checkpoint-num-layers (as there). Also tools/param_count.py:
-    the FLOPs (recompute) and the memory table follow."""
+    """Microsoft's fork: --recompute-granularity full --recompute-method {uniform,block}
+    --recompute-num-layers N recomputes what --activations-checkpoint-method / -num-layers N do here
+    (both forks' older spelling; megatron/arguments.py resolves it): uniform, chunks of N layers;
+    block, the first N layers of each stage (the fork's pipeline model ignores block and recomputes
+    nothing: the same math, other memory). --checkpoint-activations, when also given, wins with
+    its own --checkpoint-num-layers, as in the fork. Also run by tools/param_count.py, so its FLOPs
+    (recompute) and memory table follow."""
     _require(args.recompute_num_layers > 0, f"--recompute-num-layers {args.recompute_num_layers} must be > 0")
     if args.recompute_activations:
         args.recompute_granularity = "selective"
     if args.recompute_granularity == "selective":
         _require(args.recompute_method is None,
                  "--recompute-method goes with --recompute-granularity full, not selective: drop one of them")
-    if args.recompute_granularity == "full":
-        _require(args.recompute_method == "uniform",
-                 f"--recompute-granularity full --recompute-method {args.recompute_method}: only uniform is "
-                 f"supported (chunks of --recompute-num-layers layers, = --checkpoint-activations)")
-        if not args.checkpoint_activations:
-            args.checkpoint_activations = True
-            args.checkpoint_num_layers = args.recompute_num_layers
+    if args.recompute_granularity != "full":
+        return
+    _require(args.recompute_method is not None,
+             "--recompute-granularity full needs --recompute-method uniform or block (the fork's model refuses "
+             "it without one too)")
+    _require(args.activations_checkpoint_method is None,
+             "--recompute-granularity full and --activations-checkpoint-method are two spellings of one thing: "
+             "give one of them")
+    if not args.checkpoint_activations:
+        args.activations_checkpoint_method = args.recompute_method
+        args.activations_checkpoint_num_layers = args.recompute_num_layers
 
 
 def check_logging_flags(args, fp32_zero0):

@@ -67,12 +67,11 @@ REFUSALS = [
                                                    "supported by this trainer; use local (the default)"),
     ({"--dataloader-type": "cyclic"}, "--dataloader-type cyclic: the multi-epoch random sampler is not supported "
                                       "by this trainer; use single (the default for GPT in both forks)"),
-    ({"--recompute-granularity": "full", "--recompute-method": "block"},
-     "--recompute-granularity full --recompute-method block: only uniform is supported (chunks of "
-     "--recompute-num-layers layers, = --checkpoint-activations)"),
-    ({"--recompute-granularity": "full"}, "--recompute-granularity full --recompute-method None: only uniform is "
-                                          "supported (chunks of --recompute-num-layers layers, = "
-                                          "--checkpoint-activations)"),
+    ({"--recompute-granularity": "full"}, "--recompute-granularity full needs --recompute-method uniform or block "
+                                          "(the fork's model refuses it without one too)"),
+    ({"--recompute-granularity": "full", "--recompute-method": "uniform", "--activations-checkpoint-method": "block"},
+     "--recompute-granularity full and --activations-checkpoint-method are two spellings of one thing: give one "
+     "of them"),
     ({"--recompute-granularity": "selective", "--recompute-method": "uniform"},
      "--recompute-method goes with --recompute-granularity full, not selective: drop one of them"),
     ({"--recompute-num-layers": 0}, "--recompute-num-layers 0 must be > 0"),
@@ -94,24 +93,33 @@ def test_refusal_is_one_line(changes, line, entry_point):  # noqa: F811
     assert check_one_line(entry_point, flags(changes), 1, flag) == f"pretrain_gpt.py: error: {line}"
 
 
-# --- --recompute-granularity full --recompute-method uniform = --checkpoint-activations ----------
+# --- --recompute-granularity full --recompute-method M = --activations-checkpoint-method M -------
 
 def _validated(changes):
     from megatron.arguments import parse_args, validate_args
     return validate_args(parse_args(args_list=flags(changes)), world_size=1, cuda_available=False)
 
 
-def test_recompute_full_uniform_is_checkpoint_activations():
-    """Everything downstream (model, memory table, FLOPs) reads the validated args: the fork's spelling
-    and this trainer's own give the same ones; --checkpoint-activations wins when both are given."""
-    recompute = {"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": 2}
-    spelled = vars(_validated(recompute))
-    ours = vars(_validated({"--checkpoint-activations": None, "--checkpoint-num-layers": 2}))
-    assert spelled["checkpoint_activations"] is True and spelled["checkpoint_num_layers"] == 2
-    ignore = {"given_flags", "recompute_granularity", "recompute_method", "recompute_num_layers"}
-    assert {k: v for k, v in spelled.items() if k not in ignore} == {k: v for k, v in ours.items() if k not in ignore}
-    both = _validated({**recompute, "--checkpoint-activations": None, "--checkpoint-num-layers": 3})
-    assert both.checkpoint_num_layers == 3
+RECOMPUTE_ONLY = {"given_flags", "recompute_granularity", "recompute_method", "recompute_num_layers"}
+
+
+@pytest.mark.parametrize("method", ["uniform", "block"])
+def test_recompute_full_is_the_activations_checkpoint_method(method):
+    """Everything downstream (model, memory table, FLOPs) reads the validated args: Microsoft's
+    spelling and the older one give the same ones."""
+    spelled = vars(_validated({"--recompute-granularity": "full", "--recompute-method": method,
+                               "--recompute-num-layers": 2}))
+    older = vars(_validated({"--activations-checkpoint-method": method, "--activations-checkpoint-num-layers": 2}))
+    assert (spelled["checkpoint_activations"], spelled["activations_checkpoint_method"],
+            spelled["checkpoint_num_layers"]) == (True, method, 2)
+    assert {k: v for k, v in spelled.items() if k not in RECOMPUTE_ONLY} == \
+        {k: v for k, v in older.items() if k not in RECOMPUTE_ONLY}
+
+
+def test_checkpoint_activations_wins_over_recompute_as_in_the_fork():
+    both = _validated({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": 2,
+                       "--checkpoint-activations": None, "--checkpoint-num-layers": 3})
+    assert (both.activations_checkpoint_method, both.checkpoint_num_layers) == ("uniform", 3)
     assert _validated({"--recompute-granularity": "selective"}).checkpoint_activations is False
 
 
