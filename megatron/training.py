@@ -287,7 +287,7 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iters, progress, ar
             training_log(stats, timers("interval-time").elapsed(), lr_scheduler.get_lr(),
                          steps.engine.get_global_grad_norm(), current_loss_scale(steps.engine), gbs, progress, args,
                          params_norm=params_norm(steps.engine.module, mpu) if args.log_params_norm else None,
-                         num_zeros=args.grad_zero_counter.last if args.grad_zero_counter else None)
+                         num_zeros=args.grad_zero_counter.last if getattr(args, "grad_zero_counter", None) else None)
             if args.log_optimizer_states_to_tensorboard:
                 log_optimizer_states(optimizer_state_norms(steps.engine, mpu), progress, args)
             stats = IntervalStats()

@@ -163,7 +163,7 @@ LOGGED = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
           "--log-params-norm", "--log-num-zeros-in-grad", "--timing-log-level", "2"]
 
 
-def _one_logged_iteration():
+def _one_logged_iteration(tensorboard_dir):
     import torch
 
     import pretrain_gpt
@@ -174,7 +174,7 @@ def _one_logged_iteration():
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        args = initialize_megatron(args_list=LOGGED)
+        args = initialize_megatron(args_list=LOGGED + ["--tensorboard-dir", tensorboard_dir])
         engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
     progress = TrainingProgress()
     train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
@@ -190,12 +190,16 @@ def _one_logged_iteration():
         stop = training.train(engine_steps(engine, pretrain_gpt.forward_step, args), lr_scheduler, calculator,
                               iter([batch]), None, progress, args)
     norm = float(torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm())
+    from megatron.global_vars import close_tensorboard_writer
+    close_tensorboard_writer()
     return {"stop": stop, "out": out.getvalue(), "zeros": zeros, "norm": norm}
 
 
-def test_params_norm_and_zeros_in_grad_are_the_models():
+def test_params_norm_and_zeros_in_grad_are_the_models(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from megatron.launch import logged_iterations
-    [run] = run_distributed(1, _one_logged_iteration)
+    [run] = run_distributed(1, _one_logged_iteration, str(tmp_path / "tb"))
     assert run["stop"] == "finished"
     logged = logged_iterations(run["out"])[1]
     assert run["zeros"] > 0
@@ -203,3 +207,10 @@ def test_params_norm_and_zeros_in_grad_are_the_models():
     assert logged["params norm"] == pytest.approx(run["norm"], abs=1e-3)  # printed with 3 decimals
     assert "accepted, no effect: --timing-log-level (README.md, 'Flags accepted with no effect', says why)" \
         in run["out"].splitlines()
+    # the fork's TensorBoard tags: iteration 1, 2 samples, 64 tokens
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag, value in (("num-zeros/num-zeros", run["zeros"]), ("params-norm/params-norm", run["norm"])):
+        for suffix, step in (("", 1), (" vs samples", 2), (" vs tokens", 64)):
+            [event] = events.Scalars(tag + suffix)
+            assert event.step == step and event.value == pytest.approx(value, rel=1e-6)  # stored as float32
