@@ -9,6 +9,8 @@ import sys
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
                                   require as _require)
 from megatron.model.shape import require_fraction, require_non_negative, require_positive
+from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
+from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
 def parse_args(extra_args_provider=None, args_list=None):
@@ -44,6 +46,9 @@ def _add_network_size_args(parser):
     g.add_argument("--max-position-embeddings", type=int, default=None)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                    help="pad the vocab to a multiple of this x TP size")
+    g.add_argument("--pad-vocab-size-to", type=int, default=None,
+                   help="BigScience: pad the vocab to exactly N (>= the tokenizer's size, a multiple of "
+                        "--make-vocab-size-divisible-by and of TP)")
     g.add_argument("--layernorm-epsilon", "--norm-epsilon", type=float, default=1e-5, help="LayerNorm and RMSNorm")
     g.add_argument("--attention-impl", choices=["sdpa", "math"], default="sdpa",
                    help="sdpa: torch.nn.functional.scaled_dot_product_attention; math: explicit matmuls")
@@ -67,6 +72,8 @@ def _add_architecture_variant_args(parser):
                    help="no learned position table")
     g.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=float, default=10000.0,
                    dest="rope_theta")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="Microsoft: rotary on the first int(head dim x p) channels of each head (default all)")
     g.add_argument("--glu-activation", default=None, choices=list(GLU_ACTIVATIONS),
                    help="GLU MLP: dense_h_to_4h yields 2 x ffn outputs (ffn default stays 4h)")
     g.add_argument("--swiglu", action="store_true", help="= --glu-activation swiglu, ffn default int(8h/3/64)*64")
@@ -202,8 +209,13 @@ def _add_data_args(parser):
     g.add_argument("--merge-file", type=str, default=None)
     g.add_argument("--vocab-size", type=int, default=None, help="with --mock-data")
     g.add_argument("--seq-length", type=int, default=None)
-    g.add_argument("--tokenizer-type", type=str, default=None,
-                   choices=["GPT2BPETokenizer", "NullTokenizer"])
+    g.add_argument("--tokenizer-type", type=str, default=None, choices=TOKENIZER_TYPES)
+    g.add_argument("--tokenizer-name-or-path", type=str, default=None,
+                   help="PretrainedFromHF: a local Hugging Face tokenizer directory (nothing is downloaded)")
+    g.add_argument("--tokenizer-model", type=str, default=None,
+                   help="GPTSentencePieceTokenizer: the .model file; HFTokenizer: a local tokenizer directory")
+    g.add_argument("--trust-remote-code", action="store_true", help="HFTokenizer / PretrainedFromHF: passed to "
+                                                                    "transformers.AutoTokenizer")
     g.add_argument("--data-impl", type=str, default="mmap", choices=["mmap", "infer"])
     g.add_argument("--mock-data", action="store_true", help="synthetic token stream, no dataset needed")
     g.add_argument("--num-workers", type=int, default=0)
@@ -530,6 +542,15 @@ def _validate_precision(args, cuda_available):
 def _validate_data(args):
     for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
         _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
+    for flag in ("--tokenizer-name-or-path", "--tokenizer-model"):
+        _require(args.tokenizer_type is not None or getattr(args, _dest(flag)) is None,
+                 f"{flag} needs --tokenizer-type (PretrainedFromHF for --tokenizer-name-or-path; "
+                 f"GPTSentencePieceTokenizer or HFTokenizer for --tokenizer-model)")
+    if args.tokenizer_type in PATH_FLAG:  # a local tokenizer file or directory (never a hub name)
+        try:
+            tokenizer_path(args, args.tokenizer_type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     from megatron.data.weighted_split_paths import groups_from_args
     args.weighted_split_groups = groups_from_args(args)
     if args.weighted_split_groups:
@@ -542,6 +563,8 @@ def _validate_data(args):
         return
     if args.split is None:
         args.split = "969, 30, 1"
+    if args.mock_data and args.tokenizer_type in PATH_FLAG:  # the vocab comes from the tokenizer
+        return
     if args.mock_data:
         _require(args.vocab_size is not None or (args.vocab_file and args.merge_file),
                  "--mock-data needs --vocab-size N (or --vocab-file and --merge-file)")

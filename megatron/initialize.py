@@ -78,6 +78,10 @@ def _build_tokenizer(args):
     set_tokenizer(tokenizer)
     args.model_shape = dataclasses.replace(args.model_shape, vocab_size=tokenizer.vocab_size)
     args.padded_vocab_size = args.model_shape.padded_vocab_size
+    # HFTokenizer sizes the vocab without the special tokens it adds (as Microsoft's fork does)
+    if tokenizer.eod >= args.padded_vocab_size:
+        raise ConfigError(f"the tokenizer's end-of-document id {tokenizer.eod} is outside the padded vocab "
+                          f"{args.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
 
 
 def _set_random_seed(seed):

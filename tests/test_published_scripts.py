@@ -19,16 +19,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPTS = sorted(glob.glob(os.path.join(HERE, "data", "published_scripts", "*.txt")))
 
-# implemented on another branch; removed at merge (each is stripped with its values before parsing)
-OWNED_ELSEWHERE = {"--tokenizer-name-or-path", "--tokenizer-model", "--pad-vocab-size-to", "--rotary-percent",
-                   "--train-tokens", "--lr-warmup-tokens", "--lr-decay-tokens", "--override-opt_param-scheduler",
-                   "--use-checkpoint-opt_param-scheduler", "--override-lr-scheduler",
-                   "--train-weighted-split-paths-path", "--valid-weighted-split-paths-path",
-                   "--activations-checkpoint-method", "--activations-checkpoint-num-layers", "--kill-switch-path"}
-# likewise, these values of --tokenizer-type (the HF and SentencePiece tokenizers)
-OWNED_TOKENIZERS = {"PretrainedFromHF", "GPTSentencePieceTokenizer"}
-
-
 def load(path):
     with open(path) as f:
         lines = f.read().splitlines()
@@ -36,15 +26,13 @@ def load(path):
     return [line for line in lines if not line.startswith("#")]
 
 
-def strip_owned_elsewhere(argv):
-    out, skipping = [], False
-    for i, tok in enumerate(argv):
-        if tok.startswith("--"):
-            name = tok.split("=", 1)[0]
-            skipping = name in OWNED_ELSEWHERE or (
-                name == "--tokenizer-type" and i + 1 < len(argv) and argv[i + 1] in OWNED_TOKENIZERS)
-        if not skipping:
-            out.append(tok)
+def with_local_tokenizer(argv, hf_tokenizer_dir, sentencepiece_model):
+    """The scripts name hub tokenizers (`t5-small`, BigScience's 250k BPE) and cluster paths; nothing
+    is downloaded here, so those point at the small tokenizers tests/conftest.py trains instead."""
+    out = list(argv)
+    for flag, path in (("--tokenizer-name-or-path", hf_tokenizer_dir), ("--tokenizer-model", sentencepiece_model)):
+        if flag in out:
+            out[out.index(flag) + 1] = str(path)
     return out
 
 
@@ -56,14 +44,11 @@ def param_count_module():
 
 
 def for_the_tool(argv):
-    """The scripts' cluster paths to the bundled GPT-2 files; a list whose tokenizer was stripped
-    above gets GPT-2's vocab size (also removed at merge: the tool then reads the tokenizer)."""
+    """The scripts' cluster paths to the bundled GPT-2 files."""
     out = list(argv)
     for flag, path in (("--vocab-file", "data/gpt2-vocab.json"), ("--merge-file", "data/gpt2-merges.txt")):
         if flag in out:
             out[out.index(flag) + 1] = os.path.join(ROOT, path)
-    if "--vocab-file" not in out:
-        out += ["--vocab-size", "50257"]
     return out
 
 
@@ -84,7 +69,7 @@ def test_the_collection():
 @pytest.mark.parametrize("path", SCRIPTS, ids=[os.path.basename(p)[:-4] for p in SCRIPTS])
 def test_every_flag_parses(path, capsys):
     from megatron.arguments import build_parser, validate_flag_values
-    argv = strip_owned_elsewhere(load(path))
+    argv = load(path)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit:
@@ -93,9 +78,9 @@ def test_every_flag_parses(path, capsys):
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[os.path.basename(p)[:-4] for p in SCRIPTS])
-def test_param_count_takes_the_whole_list(path):
+def test_param_count_takes_the_whole_list(path, hf_tokenizer_dir, sentencepiece_model):
     tool = param_count_module()
-    args = tool.parse_args(for_the_tool(strip_owned_elsewhere(load(path))))
+    args = tool.parse_args(for_the_tool(with_local_tokenizer(load(path), hf_tokenizer_dir, sentencepiece_model)))
     assert tool.report(args)[0].startswith("parameters: ")
 
 
@@ -104,7 +89,7 @@ def test_param_count_of_the_13b_script():
     (a multiple of 128 x 2). Per layer: QKV 3h^2 + 3h, dense h^2 + h, MLP 2hf + f + h, two norms 4h."""
     tool = param_count_module()
     argv = load(os.path.join(HERE, "data", "published_scripts", "bigscience_tr1_13B.txt"))
-    lines = tool.report(tool.parse_args(for_the_tool(strip_owned_elsewhere(argv))))
+    lines = tool.report(tool.parse_args(for_the_tool(argv)))
     h, f = 5120, 20480
     per_layer = 3 * h * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h
     no_embedding = 40 * per_layer + 2 * h
@@ -453,9 +438,10 @@ def _loader_workers(extra):
 
     args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
     args.total_iterations = 4
-    iterators = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
-                                              TrainingProgress(), lambda batch: batch["text"])
-    return [int(next(it).max()) for it in iterators]
+    train, valid, test = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
+                                                       TrainingProgress(), lambda batch: batch["text"])
+    # validation and test come as [(group name, iterator)] (one unnamed group without split paths)
+    return [int(next(it).max()) for it in (train, valid[0][1], test[0][1])]
 
 
 def _workers_for_each(extras):

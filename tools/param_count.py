@@ -9,6 +9,8 @@ The flags, their defaults and the shape's validation are the trainer's own (mega
 megatron/model/shape.py); the numbers come from the same analytic functions the trainer's
 startup cross-check uses and are printed by the same report, which names the architecture variant
 (--swiglu, --num-key-value-heads, --use-rotary-position-embeddings, ... as the trainer takes them).
+The vocab: --vocab-size, a GPT-2 --vocab-file, or the trainer's --tokenizer-type PretrainedFromHF /
+HFTokenizer / GPTSentencePieceTokenizer with its local files (read with tokenizers / sentencepiece).
 No torch, no GPU; unknown flags are ignored, so a launch script's whole flag list can be pasted in."""
 import argparse
 import json
@@ -19,6 +21,7 @@ from megatron import arguments, fork_features
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.memory import TrainingSetup, format_memory_report
 from megatron.model.shape import ConfigError, ModelShape, require
+from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
 
@@ -37,8 +40,16 @@ def parse_args(argv=None):
     arguments.validate_flag_values(args)
     if args.rampup_batch_size:
         arguments.validate_rampup(args)
-    require((args.vocab_size is None) != (args.vocab_file is None), "give exactly one of --vocab-size or --vocab-file")
-    if args.vocab_file is not None:
+    external = args.tokenizer_type in PATH_FLAG
+    require((args.vocab_size is not None) + (args.vocab_file is not None) + external == 1,
+            "give exactly one of --vocab-size, --vocab-file, or --tokenizer-type "
+            f"{'/'.join(PATH_FLAG)} with its tokenizer")
+    if external:  # the trainer's tokenizer's size, read from its files (without torch)
+        try:
+            args.vocab_size = vocab_size_without_torch(args, args.tokenizer_type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    elif args.vocab_file is not None:
         require(os.path.isfile(args.vocab_file), f"--vocab-file {args.vocab_file}: no such file")
         try:
             with open(args.vocab_file, encoding="utf-8") as f:
@@ -78,8 +89,9 @@ def report(args):
         f"parameters without embeddings: {counts.no_embedding:,}",
     ] + ([f"active parameters: {counts.active:,}",
           f"active parameters without embeddings: {counts.active_no_embedding:,}"] if shape.is_moe else []) + [
-        f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, multiple of "
-        f"{shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})",
+        f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, "
+        + (f"--pad-vocab-size-to {shape.pad_vocab_size_to:,})" if shape.pad_vocab_size_to is not None else
+           f"multiple of {shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})"),
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
                                 checkpoint_method=args.activations_checkpoint_method,
                                 checkpoint_num_layers=args.checkpoint_num_layers)

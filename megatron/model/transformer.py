@@ -61,6 +61,7 @@ class ParallelAttention(nn.Module):
         self.attention_impl = config.attention_impl
         self.position_embedding_type = shape.position_embedding_type
         self.rope_theta = config.rope_theta
+        self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
         self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
                                                         bias=shape.add_bias_linear, params_dtype=config.params_dtype)
         self.dense = mpu.RowParallelLinear(a * d, h, config.output_init_method(), bias=shape.add_bias_linear,
@@ -111,7 +112,8 @@ class ParallelAttention(nn.Module):
         k, v = mixed[:, :, :, self.group_size], mixed[:, :, :, self.group_size + 1]  # [s, b, ng, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))                # [b, heads, s, hn]
         if self.position_embedding_type == "rotary":
-            cos, sin = self._cached("rotary", s, q, lambda: rotary_tables(s, self.head_dim, self.rope_theta, q.device))
+            cos, sin = self._cached("rotary", s, q,
+                                    lambda: rotary_tables(s, self.rotary_dim, self.rope_theta, q.device))
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
