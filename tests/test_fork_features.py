@@ -11,7 +11,7 @@ import pytest
 
 from distributed import run_distributed
 from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
-from test_published_scripts import HERE, for_the_tool, load, param_count_module, strip_owned_elsewhere
+from test_published_scripts import HERE, for_the_tool, load, param_count_module
 
 PUBLISHED = os.path.join(HERE, "data", "published_scripts")
 NOT_SUPPORTED = "is not supported by this trainer; drop the flag"
@@ -30,7 +30,7 @@ NOT_SUPPORTED = "is not supported by this trainer; drop the flag"
 ])
 def test_published_script_with_a_missing_feature_is_one_line(name, line):
     from megatron.arguments import ConfigError, parse_args, validate_args
-    argv = strip_owned_elsewhere(load(os.path.join(PUBLISHED, name + ".txt")))
+    argv = load(os.path.join(PUBLISHED, name + ".txt"))
     with pytest.raises(ConfigError) as refused:
         validate_args(parse_args(args_list=argv), world_size=64, cuda_available=True)
     assert str(refused.value) == line
@@ -142,8 +142,7 @@ def test_param_count_follows_the_recompute_spelling():
     full --recompute-method uniform --recompute-num-layers 1: the tool's report (FLOPs with recompute,
     memory with checkpointed activations) is the one of --checkpoint-activations, not of no flag."""
     tool = param_count_module()
-    argv = for_the_tool(strip_owned_elsewhere(load(os.path.join(PUBLISHED,
-                                                                "microsoft_rebase_1.3B_megatron_checkpointing.txt"))))
+    argv = for_the_tool(load(os.path.join(PUBLISHED, "microsoft_rebase_1.3B_megatron_checkpointing.txt")))
     start = argv.index("--recompute-granularity")
     assert argv[start:start + 6] == ["--recompute-granularity", "full", "--recompute-method", "uniform",
                                      "--recompute-num-layers", "1"]
