@@ -29,7 +29,7 @@ def build_parser(extra_args_provider=None):
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                 _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
-                _add_zero_args, _add_moe_args, _add_published_script_args):
+                _add_zero_args, _add_moe_args, _add_published_script_args, _add_fork_feature_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
@@ -303,6 +303,11 @@ def _add_published_script_args(parser):
                    help="DeepSpeed-Ulysses sequence parallelism: only 1 (none) is supported")
 
 
+def _add_fork_feature_args(parser):
+    from megatron.fork_features import add_args  # recompute spellings, logging flags, refused features
+    add_args(parser)
+
+
 def _add_zero_args(parser):
     g = parser.add_argument_group("ZeRO")
     g.add_argument("--zero-stage", type=int, default=None, help="overrides the ds_config's stage")
@@ -396,6 +401,8 @@ def validate_args(args, world_size=None, cuda_available=None):
     _require(args.micro_batch_size is not None, "--micro-batch-size is required")
     _require(args.lr is not None, "--lr is required (e.g. --lr 1e-4)")
     validate_flag_values(args)
+    from megatron.fork_features import check_logging_flags, refuse_and_map
+    refuse_and_map(args)  # refused fork features; --recompute-* onto --checkpoint-activations
     # the shape's defaults and rules live in ModelShape (TP and PP sizes included); the vocab is
     # --vocab-size here (so it is checked now) and the tokenizer's once that is built
     args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
@@ -439,6 +446,7 @@ def validate_args(args, world_size=None, cuda_available=None):
     args.ds_pipeline_enabled = not args.no_pipeline_parallel
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
+    check_logging_flags(args, fp32_zero0=not (args.fp16 or args.bf16) and args.zero_stage == 0)
     return args
 
 

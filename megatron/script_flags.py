@@ -23,7 +23,16 @@ NO_EFFECT = {
     "--no-query-key-layer-scaling": "query-key layer scaling is never applied here",
     "--sequence-parallel": "Megatron's activation sharding over TP ranks: same model, same math",
     "--ds-sequence-parallel-size": "1 is no sequence parallelism (larger sizes are refused)",
+    "--timing-log-level": "one timer, the iteration time, is reported at every level",
+    "--no-load-lr-state": "Microsoft's fork defines it but never reads it: the LR state loads as without it",
+    "--dataloader-type": "single (the forks' GPT default) is what runs; cyclic is refused",
+    "--no-data-sharding": "it acts on the cyclic sampler only, which is refused",
+    "--transformer-impl": "local is this trainer's transformer; transformer_engine is refused",
+    "--recompute-activations": "= --recompute-granularity selective",
+    "--recompute-granularity": "selective recomputes attention's core: the same math (full is implemented)",
 }
+# a flag of NO_EFFECT that has an effect with this value (its dest, the value)
+EFFECTIVE_WHEN = {"--recompute-granularity": ("recompute_granularity", "full")}
 
 
 def given_flags(parser, argv):
@@ -35,7 +44,8 @@ def given_flags(parser, argv):
 
 def no_effect_line(args):
     """'accepted, no effect: --a, --b' for the flags of NO_EFFECT the user passed, or None."""
-    passed = [flag for flag in dict.fromkeys(getattr(args, "given_flags", ())) if flag in NO_EFFECT]
+    passed = [flag for flag in dict.fromkeys(getattr(args, "given_flags", ())) if flag in NO_EFFECT
+              and not (flag in EFFECTIVE_WHEN and getattr(args, EFFECTIVE_WHEN[flag][0]) == EFFECTIVE_WHEN[flag][1])]
     if not passed:
         return None
     return "accepted, no effect: " + ", ".join(passed) + " (README.md, 'Flags accepted with no effect', says why)"

@@ -14,6 +14,7 @@ from megatron.arguments import ConfigError
 from megatron.checkpointing import check_load_layout, load_checkpoint, save_checkpoint, set_rng_state
 from megatron.engine import current_loss_scale, engine_steps
 from megatron.global_vars import close_tensorboard_writer, get_timers
+from megatron.grad_stats import ZeroCounter, params_norm
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR, schedule_lengths
 from megatron.memory_measure import finish_memory_probe, startup_report
@@ -94,6 +95,8 @@ def setup_model_and_optimizer(model_provider, args):
     log_model_size(args, report)
 
     optimizer = build_optimizer(model, args)
+    # --log-num-zeros-in-grad: counted in a pre-step hook (after the clipping hook); read by train()
+    args.grad_zero_counter = ZeroCounter(optimizer, model, mpu) if args.log_num_zeros_in_grad else None
     calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                            args.data_parallel_size, args.rampup_batch_size)
     args.total_iterations = num_train_iterations(args)
@@ -282,7 +285,9 @@ def train(steps, lr_scheduler, calculator, train_iter, valid_iters, progress, ar
 
         if progress.iteration % args.log_interval == 0:
             training_log(stats, timers("interval-time").elapsed(), lr_scheduler.get_lr(),
-                         steps.engine.get_global_grad_norm(), current_loss_scale(steps.engine), gbs, progress, args)
+                         steps.engine.get_global_grad_norm(), current_loss_scale(steps.engine), gbs, progress, args,
+                         params_norm=params_norm(steps.engine.module, mpu) if args.log_params_norm else None,
+                         num_zeros=args.grad_zero_counter.last if getattr(args, "grad_zero_counter", None) else None)
             if args.log_optimizer_states_to_tensorboard:
                 log_optimizer_states(optimizer_state_norms(steps.engine, mpu), progress, args)
             stats = IntervalStats()

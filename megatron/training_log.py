@@ -87,7 +87,9 @@ def throughput(samples, elapsed, args):
     return samples_per_second, samples_per_second * args.seq_length, tflops
 
 
-def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args):
+def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args,
+                 params_norm=None, num_zeros=None):
+    """params_norm / num_zeros: --log-params-norm / --log-num-zeros-in-grad (the fork's tags and fields)."""
     loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
     samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, args)
@@ -106,6 +108,11 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
         writer.add_scalar("loss-scale/loss-scale", loss_scale, it)
     if grad_norm is not None:
         writer.add_scalar("grad-norm/grad-norm", grad_norm, it)
+    if num_zeros is not None:
+        _write_group(writer, "num-zeros/num-zeros", num_zeros, progress, args, axes=("iteration", "samples", "tokens"))
+    if params_norm is not None:
+        _write_group(writer, "params-norm/params-norm", params_norm, progress, args,
+                     axes=("iteration", "samples", "tokens"))
     if args.log_timers_to_tensorboard:
         writer.add_scalar("iteration-time/iteration-time", elapsed / stats.iterations, it)
     writer.add_scalar("iteration-time/samples per second", samples_per_second, it)
@@ -129,6 +136,10 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
         line += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
+    if num_zeros is not None:
+        line += f" num zeros: {num_zeros:.1f} |"
+    if params_norm is not None:
+        line += f" params norm: {params_norm:.3f} |"
     line += f" number of skipped iterations: {stats.skipped:3d} |"
     line += f" samples per second: {samples_per_second:.3f} | TFLOPs: {tflops:.2f} |"
     if mfu is not None:

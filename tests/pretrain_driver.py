@@ -56,7 +56,7 @@ _spy(torch.nn.Module, "named_parameters", "parameter_walks_in_log")
 _training_log = training.training_log
 
 
-def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args):
+def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args, **kwargs):
     # the logged loss at full precision, for bit-for-bit comparisons across runs
     state["losses"][progress.iteration] = stats.mean_loss()
     state["lrs"][progress.iteration] = lr
@@ -64,7 +64,7 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     state["log_calls"] += 1
     state["in_log"] = True
     try:
-        return _training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args)
+        return _training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args, **kwargs)
     finally:
         state["in_log"] = False
         if progress.iteration == int(os.environ.get("DRIVER_KILL_SWITCH_AT", "0")) and args.rank == 0:

@@ -55,8 +55,9 @@ def for_the_tool(argv):
 def test_the_collection():
     """Both forks, each family the README names: BLOOM (176B, 7b1), the 104B and 13B runs, the 1B3
     architecture experiments, LLaMA-2, MoE and PR-MoE, rotary-percent, flash attention, Ulysses and
-    long sequences, universal checkpointing, GPT-3 175B on Azure."""
-    assert len(SCRIPTS) == 23
+    long sequences, universal checkpointing, GPT-3 175B on Azure; and the six of
+    tests/test_fork_features.py (recompute spellings, offload, distillation, zero bubble, FPDT, muP)."""
+    assert len(SCRIPTS) == 29
     sources = {"/".join(open(p).readline().split("/")[3:5]) for p in SCRIPTS}
     assert sources == {"bigscience-workshop/bigscience", "bigscience-workshop/Megatron-DeepSpeed",
                        "microsoft/Megatron-DeepSpeed"}

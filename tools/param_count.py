@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from megatron import arguments
+from megatron import arguments, fork_features
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.memory import TrainingSetup, format_memory_report
 from megatron.model.shape import ConfigError, ModelShape, require
@@ -33,7 +33,9 @@ def parse_args(argv=None):
         add(p)
     p.add_argument("--world-size", "--num-gpus", dest="world_size", type=int, default=None,
                    help="ranks in the job (default TP x PP: DP = 1); sets the data-parallel size for the memory table")
+    fork_features.add_args(p)
     args, _ = p.parse_known_args(argv)
+    fork_features.map_recompute(args)  # --recompute-* = --checkpoint-activations: FLOPs and memory follow
     # the trainer's own checks (megatron/arguments.py, ModelShape), for the flags parsed here
     arguments.validate_flag_values(args)
     if args.rampup_batch_size:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# render.sh SCRIPT OUT: run a published launch script with stub launchers and write the arguments
+# render.sh SCRIPT OUT [ARGS...]: run a published launch script with stub launchers and write the arguments
 # it passes to pretrain_gpt.py (one per line) to OUT. How the files next to this one were made.
 # The script runs in a scratch directory; `set -e`, `source` and `module` lines are dropped, the
 # launchers (deepspeed, torchrun, python, srun, ...) only record, nvidia-smi / ds_ssh report 8
@@ -30,6 +30,6 @@ sed -E -e 's/^\s*set -.*$//' -e 's/^\s*(source|module|conda) .*$//' "$script" > 
 ( cd "$scratch/cwd" && env -i PATH="$scratch/bin:/usr/bin:/bin" HOME="$scratch" CAPTURE="$out" \
     six_ALL_CCFRWORK=/six_ALL_CCFRWORK six_ALL_CCFRSCRATCH=/six_ALL_CCFRSCRATCH six_ALL_CCFRSTORE=/six_ALL_CCFRSTORE \
     SLURM_NNODES=NNODES SLURM_JOB_ID=JOBID SLURM_JOBID=JOBID SLURM_JOB_NODELIST=nodes SLURM_PROCID=0 HOSTNAME=host \
-    bash "$scratch/script.sh" > "$scratch/log" 2>&1 )
+    bash "$scratch/script.sh" "${@:3}" > "$scratch/log" 2>&1 )
 sed -i -E "s#$scratch/cwd#.#g; s#$scratch#.#g" "$out"
 rm -rf "$scratch"

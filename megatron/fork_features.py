@@ -1,0 +1,120 @@
+"""The rest of the forks' published GPT-script flags: Megatron-LM's activation-recompute spellings
+(mapped onto --activations-checkpoint-method, the same meaning), the logging flags
+--log-params-norm / --log-num-zeros-in-grad (megatron/grad_stats.py), and the features this
+trainer does not have, each refused with one line before anything is built (a script passing them
+expects a training this trainer would not do)."""
+from megatron.model.shape import ConfigError, require as _require
+
+# flag -> (argparse keywords, the feature named in the refusal). Spellings and value types as the
+# forks define them (Microsoft's megatron/arguments.py; muP and --no-train from BigScience's tr14 /
+# tr7b scripts, which ran on branches of their fork)
+REFUSED = {
+    "--kd": ({"action": "store_true"}, "knowledge distillation (Microsoft)"),
+    "--kd-alpha-ce": ({"type": float}, "knowledge distillation (Microsoft)"),
+    "--kd-beta-ce": ({"type": float}, "knowledge distillation (Microsoft)"),
+    "--kd-temp": ({"type": float}, "knowledge distillation (Microsoft)"),
+    "--load-teacher": ({"type": str}, "knowledge distillation (Microsoft)"),
+    "--num-layers-teacher": ({"type": int}, "knowledge distillation (Microsoft)"),
+    "--hidden-size-teacher": ({"type": int}, "knowledge distillation (Microsoft)"),
+    "--num-attention-heads-teacher": ({"type": int}, "knowledge distillation (Microsoft)"),
+    "--num-experts-teacher": ({"type": int, "nargs": "+"}, "knowledge distillation (Microsoft)"),
+    "--mos": ({"action": "store_true"}, "Mixture-of-Students distillation (Microsoft)"),
+    "--mup": ({"action": "store_true"}, "muP parametrization (BigScience tr14)"),
+    "--mup-input-mult": ({"type": float}, "muP parametrization (BigScience tr14)"),
+    "--mup-output-mult": ({"type": float}, "muP parametrization (BigScience tr14)"),
+    "--mup-attn-mult": ({"type": float}, "muP parametrization (BigScience tr14)"),
+    "--no-train": ({"nargs": "?", "const": "1"}, "an evaluation-only run (BigScience tr7b)"),
+    "--use-bnb-optimizer": ({"action": "store_true"}, "bitsandbytes' 8-bit Adam"),
+    "--cpu-optimizer": ({"action": "store_true"}, "DeepSpeed's CPU Adam (the optimizer step on the CPU)"),
+    "--cpu_torch_adam": ({"action": "store_true"}, "DeepSpeed's CPU Adam (the optimizer step on the CPU)"),
+    "--enable-zbh1-pipeline": ({"action": "store_true"}, "the zero-bubble pipeline schedule"),
+    "--enable-zbh1-exact-semantics": ({"action": "store_true"}, "the zero-bubble pipeline schedule"),
+    "--ds-sequence-parallel-fpdt": ({"action": "store_true"}, "FPDT (DeepSpeed-Ulysses sequence parallelism)"),
+    "--ds-sequence-parallel-fpdt-chunk-size": ({"type": int}, "FPDT (DeepSpeed-Ulysses sequence parallelism)"),
+    "--ds-sequence-parallel-fpdt-offloading": ({"action": "store_true"},
+                                               "FPDT (DeepSpeed-Ulysses sequence parallelism)"),
+    "--reset-iteration": ({"action": "store_true"},
+                          "resetting the loaded iteration and sample counters (use --finetune to start at 0)"),
+    "--use-checkpoint-args": ({"action": "store_true"},
+                              "taking the model's flags from the checkpoint (pass them; --load checks them)"),
+}
+
+
+def add_args(parser):
+    g = parser.add_argument_group("fork features (megatron/fork_features.py)")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="full = --activations-checkpoint-method (--recompute-method); selective: no effect")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
+    g.add_argument("--recompute-num-layers", type=int, default=1, help="= --activations-checkpoint-num-layers")
+    g.add_argument("--recompute-activations", action="store_true", help="= --recompute-granularity selective")
+    g.add_argument("--log-params-norm", action="store_true", help="L2 norm of the parameters in the log line")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="number of zero entries of the gradient in the log line")
+    g.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3), help="accepted; no effect")
+    g.add_argument("--no-load-lr-state", action="store_true", help="accepted; no effect (as in the fork)")
+    g.add_argument("--dataloader-type", choices=["single", "cyclic"], default=None,
+                   help="single (the default) only")
+    g.add_argument("--no-data-sharding", action="store_false", dest="data_sharding", help="accepted; no effect")
+    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default="local",
+                   help="local only")
+    for flag, (kwargs, _) in REFUSED.items():
+        g.add_argument(flag, default=None, help="refused: not supported", **kwargs)
+
+
+def _dest(flag):
+    return flag.lstrip("-").replace("-", "_")
+
+
+def refuse_and_map(args):
+    """The refusals (one line each, in the table's order), then the recompute spellings. Runs in
+    validate_args, before anything is built."""
+    for flag, (_, feature) in REFUSED.items():
+        value = getattr(args, _dest(flag), None)
+        if value is not None and value is not False:
+            raise ConfigError(f"{flag}: {feature} is not supported by this trainer; drop the flag")
+    _require(args.transformer_impl == "local",
+             "--transformer-impl transformer_engine: Transformer Engine is not supported by this trainer; "
+             "use local (the default)")
+    _require(args.dataloader_type in (None, "single"),
+             "--dataloader-type cyclic: the multi-epoch random sampler is not supported by this trainer; "
+             "use single (the default for GPT in both forks)")
+    map_recompute(args)
+
+
+def map_recompute(args):
+    """Microsoft's fork: --recompute-granularity full --recompute-method {uniform,block}
+    --recompute-num-layers N recomputes what --activations-checkpoint-method / -num-layers N do here
+    (both forks' older spelling; megatron/arguments.py resolves it): uniform, chunks of N layers;
+    block, the first N layers of each stage (the fork's pipeline model ignores block and recomputes
+    nothing: the same math, other memory). --checkpoint-activations, when also given, wins with
+    its own --checkpoint-num-layers, as in the fork. Also run by tools/param_count.py, so its FLOPs
+    (recompute) and memory table follow."""
+    _require(args.recompute_num_layers > 0, f"--recompute-num-layers {args.recompute_num_layers} must be > 0")
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"
+    if args.recompute_granularity == "selective":
+        _require(args.recompute_method is None,
+                 "--recompute-method goes with --recompute-granularity full, not selective: drop one of them")
+    if args.recompute_granularity != "full":
+        return
+    _require(args.recompute_method is not None,
+             "--recompute-granularity full needs --recompute-method uniform or block (the fork's model refuses "
+             "it without one too)")
+    _require(args.activations_checkpoint_method is None,
+             "--recompute-granularity full and --activations-checkpoint-method are two spellings of one thing: "
+             "give one of them")
+    if not args.checkpoint_activations:
+        args.activations_checkpoint_method = args.recompute_method
+        args.activations_checkpoint_num_layers = args.recompute_num_layers
+
+
+def check_logging_flags(args, fp32_zero0):
+    """After the ds_config is known: the gradient's zeros are counted where the optimizer sees the
+    model's own gradients (fp32 without ZeRO); the parameter norm needs whole parameters."""
+    _require(not args.log_num_zeros_in_grad or fp32_zero0,
+             "--log-num-zeros-in-grad is supported for fp32 runs without ZeRO only (DeepSpeed's fp16 / bf16 / "
+             "ZeRO optimizers hold the gradient in flat partitions): drop the flag")
+    _require(not (args.log_params_norm and args.zero_stage == 3),
+             "--log-params-norm does not work with ZeRO stage 3 (its parameters are partitioned): use "
+             "--zero-stage 0, 1 or 2, or drop the flag")
+

@@ -1,0 +1,215 @@
+"""The remaining flags of the forks' published GPT scripts (megatron/fork_features.py): features this
+trainer does not have end in one line naming the flag, from the whole published lists and from a
+hand-written table; Megatron-LM's --recompute-* spellings are --checkpoint-activations (trainer and
+tools/param_count.py); --log-params-norm and --log-num-zeros-in-grad report the model's own numbers,
+recomputed here with plain torch."""
+import contextlib
+import io
+import os
+
+import pytest
+
+from distributed import run_distributed
+from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
+from test_published_scripts import HERE, for_the_tool, load, param_count_module
+
+PUBLISHED = os.path.join(HERE, "data", "published_scripts")
+NOT_SUPPORTED = "is not supported by this trainer; drop the flag"
+
+
+# --- a published script with a feature this trainer lacks: one line, the first such flag --------
+
+@pytest.mark.parametrize("name, line", [
+    ("microsoft_compression_125M_dense_kd", f"--kd: knowledge distillation (Microsoft) {NOT_SUPPORTED}"),
+    ("microsoft_offload_pp_350M", f"--cpu-optimizer: DeepSpeed's CPU Adam (the optimizer step on the CPU) "
+                                  f"{NOT_SUPPORTED}"),
+    ("microsoft_zero_bubble_1.3b", f"--enable-zbh1-pipeline: the zero-bubble pipeline schedule {NOT_SUPPORTED}"),
+    ("microsoft_fpdt_6.7B_32k", f"--ds-sequence-parallel-fpdt: FPDT (DeepSpeed-Ulysses sequence parallelism) "
+                                f"{NOT_SUPPORTED}"),
+    ("bigscience_tr14_2B7_mup", f"--mup: muP parametrization (BigScience tr14) {NOT_SUPPORTED}"),
+])
+def test_published_script_with_a_missing_feature_is_one_line(name, line):
+    from megatron.arguments import ConfigError, parse_args, validate_args
+    argv = load(os.path.join(PUBLISHED, name + ".txt"))
+    with pytest.raises(ConfigError) as refused:
+        validate_args(parse_args(args_list=argv), world_size=64, cuda_available=True)
+    assert str(refused.value) == line
+
+
+# --- the same through pretrain_gpt.py, flag by flag: exit 2, one line, nothing built ------------
+
+REFUSALS = [
+    ({"--kd": None}, "--kd: knowledge distillation (Microsoft) is not supported by this trainer; drop the flag"),
+    ({"--load-teacher": "teacher"}, "--load-teacher: knowledge distillation (Microsoft) is not supported by this "
+                                    "trainer; drop the flag"),
+    ({"--num-experts-teacher": [1, 8]}, "--num-experts-teacher: knowledge distillation (Microsoft) is not "
+                                        "supported by this trainer; drop the flag"),
+    ({"--mos": None}, "--mos: Mixture-of-Students distillation (Microsoft) is not supported by this trainer; "
+                      "drop the flag"),
+    ({"--mup-attn-mult": 10}, "--mup-attn-mult: muP parametrization (BigScience tr14) is not supported by this "
+                              "trainer; drop the flag"),
+    ({"--no-train": 1}, "--no-train: an evaluation-only run (BigScience tr7b) is not supported by this trainer; "
+                        "drop the flag"),
+    ({"--no-train": None}, "--no-train: an evaluation-only run (BigScience tr7b) is not supported by this trainer; "
+                           "drop the flag"),
+    ({"--use-bnb-optimizer": None}, "--use-bnb-optimizer: bitsandbytes' 8-bit Adam is not supported by this "
+                                    "trainer; drop the flag"),
+    ({"--enable-zbh1-exact-semantics": None}, "--enable-zbh1-exact-semantics: the zero-bubble pipeline schedule is "
+                                              "not supported by this trainer; drop the flag"),
+    ({"--ds-sequence-parallel-fpdt-chunk-size": 1024}, "--ds-sequence-parallel-fpdt-chunk-size: FPDT "
+                                                       "(DeepSpeed-Ulysses sequence parallelism) is not supported by "
+                                                       "this trainer; drop the flag"),
+    ({"--reset-iteration": None}, "--reset-iteration: resetting the loaded iteration and sample counters (use "
+                                  "--finetune to start at 0) is not supported by this trainer; drop the flag"),
+    ({"--use-checkpoint-args": None}, "--use-checkpoint-args: taking the model's flags from the checkpoint (pass "
+                                      "them; --load checks them) is not supported by this trainer; drop the flag"),
+    ({"--transformer-impl": "transformer_engine"}, "--transformer-impl transformer_engine: Transformer Engine is not "
+                                                   "supported by this trainer; use local (the default)"),
+    ({"--dataloader-type": "cyclic"}, "--dataloader-type cyclic: the multi-epoch random sampler is not supported "
+                                      "by this trainer; use single (the default for GPT in both forks)"),
+    ({"--recompute-granularity": "full"}, "--recompute-granularity full needs --recompute-method uniform or block "
+                                          "(the fork's model refuses it without one too)"),
+    ({"--recompute-granularity": "full", "--recompute-method": "uniform", "--activations-checkpoint-method": "block"},
+     "--recompute-granularity full and --activations-checkpoint-method are two spellings of one thing: give one "
+     "of them"),
+    ({"--recompute-granularity": "selective", "--recompute-method": "uniform"},
+     "--recompute-method goes with --recompute-granularity full, not selective: drop one of them"),
+    ({"--recompute-num-layers": 0}, "--recompute-num-layers 0 must be > 0"),
+    ({"--log-num-zeros-in-grad": None, "--bf16": None},
+     "--log-num-zeros-in-grad is supported for fp32 runs without ZeRO only (DeepSpeed's fp16 / bf16 / ZeRO "
+     "optimizers hold the gradient in flat partitions): drop the flag"),
+    ({"--log-num-zeros-in-grad": None, "--zero-stage": 1},
+     "--log-num-zeros-in-grad is supported for fp32 runs without ZeRO only (DeepSpeed's fp16 / bf16 / ZeRO "
+     "optimizers hold the gradient in flat partitions): drop the flag"),
+    ({"--log-params-norm": None, "--zero-stage": 3, "--no-pipeline-parallel": None},
+     "--log-params-norm does not work with ZeRO stage 3 (its parameters are partitioned): use --zero-stage 0, 1 "
+     "or 2, or drop the flag"),
+]
+
+
+@pytest.mark.parametrize("changes, line", REFUSALS, ids=[" ".join(c) for c, _ in REFUSALS])
+def test_refusal_is_one_line(changes, line, entry_point):  # noqa: F811
+    flag = next(iter(changes))
+    assert check_one_line(entry_point, flags(changes), 1, flag) == f"pretrain_gpt.py: error: {line}"
+
+
+# --- --recompute-granularity full --recompute-method M = --activations-checkpoint-method M -------
+
+def _validated(changes):
+    from megatron.arguments import parse_args, validate_args
+    return validate_args(parse_args(args_list=flags(changes)), world_size=1, cuda_available=False)
+
+
+RECOMPUTE_ONLY = {"given_flags", "recompute_granularity", "recompute_method", "recompute_num_layers"}
+
+
+@pytest.mark.parametrize("method", ["uniform", "block"])
+def test_recompute_full_is_the_activations_checkpoint_method(method):
+    """Everything downstream (model, memory table, FLOPs) reads the validated args: Microsoft's
+    spelling and the older one give the same ones."""
+    spelled = vars(_validated({"--recompute-granularity": "full", "--recompute-method": method,
+                               "--recompute-num-layers": 2}))
+    older = vars(_validated({"--activations-checkpoint-method": method, "--activations-checkpoint-num-layers": 2}))
+    assert (spelled["checkpoint_activations"], spelled["activations_checkpoint_method"],
+            spelled["checkpoint_num_layers"]) == (True, method, 2)
+    assert {k: v for k, v in spelled.items() if k not in RECOMPUTE_ONLY} == \
+        {k: v for k, v in older.items() if k not in RECOMPUTE_ONLY}
+
+
+def test_checkpoint_activations_wins_over_recompute_as_in_the_fork():
+    both = _validated({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": 2,
+                       "--checkpoint-activations": None, "--checkpoint-num-layers": 3})
+    assert (both.activations_checkpoint_method, both.checkpoint_num_layers) == ("uniform", 3)
+    assert _validated({"--recompute-granularity": "selective"}).checkpoint_activations is False
+
+
+def test_selective_recompute_and_other_no_effect_flags_are_named():
+    from megatron.arguments import parse_args, validate_args
+    from megatron.script_flags import no_effect_line
+
+    def line(changes):
+        args = validate_args(parse_args(args_list=flags(changes)), world_size=1, cuda_available=False)
+        return no_effect_line(args)
+    assert line({"--recompute-granularity": "selective", "--timing-log-level": 2, "--no-load-lr-state": None,
+                 "--dataloader-type": "single", "--no-data-sharding": None, "--transformer-impl": "local"}) == (
+        "accepted, no effect: --recompute-granularity, --timing-log-level, --no-load-lr-state, --dataloader-type, "
+        "--no-data-sharding, --transformer-impl (README.md, 'Flags accepted with no effect', says why)")
+    assert line({"--recompute-granularity": "full", "--recompute-method": "uniform"}) is None  # full has an effect
+
+
+def test_param_count_follows_the_recompute_spelling():
+    """Microsoft's rebase/ds_pretrain_gpt_1.3B_megatron_checkpointing.sh passes --recompute-granularity
+    full --recompute-method uniform --recompute-num-layers 1: the tool's report (FLOPs with recompute,
+    memory with checkpointed activations) is the one of --checkpoint-activations, not of no flag."""
+    tool = param_count_module()
+    argv = for_the_tool(load(os.path.join(PUBLISHED, "microsoft_rebase_1.3B_megatron_checkpointing.txt")))
+    start = argv.index("--recompute-granularity")
+    assert argv[start:start + 6] == ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                     "--recompute-num-layers", "1"]
+    without = argv[:start] + argv[start + 6:]
+    reports = [tool.report(tool.parse_args(a)) for a in (argv, without + ["--checkpoint-activations"], without)]
+    assert reports[0] == reports[1] != reports[2]
+    assert any("recompute" in ln for ln in reports[0]) and not any("recompute" in ln for ln in reports[2])
+
+
+# --- --log-params-norm and --log-num-zeros-in-grad: one logged iteration, recomputed here --------
+
+LOGGED = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+          "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "1", "--lr", "1e-2",
+          "--mock-data", "--vocab-size", "600", "--hidden-dropout", "0", "--attention-dropout", "0",
+          "--eval-iters", "0", "--log-interval", "1", "--no-pipeline-parallel",
+          "--untie-embeddings-and-output-weights",  # the rows of tokens not in the batch: exact zeros
+          "--log-params-norm", "--log-num-zeros-in-grad", "--timing-log-level", "2"]
+
+
+def _one_logged_iteration(tensorboard_dir):
+    import torch
+
+    import pretrain_gpt
+    from megatron import training
+    from megatron.engine import engine_steps
+    from megatron.initialize import initialize_megatron
+    from megatron.training_state import TrainingProgress
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        args = initialize_megatron(args_list=LOGGED + ["--tensorboard-dir", tensorboard_dir])
+        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    progress = TrainingProgress()
+    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
+                                                     progress, pretrain_gpt.get_batch)
+    batch = next(train_iter)
+    # the gradient of this batch with plain autograd, outside the engine; its zeros counted here
+    model = engine.module
+    pretrain_gpt.forward_step(batch, model).backward()
+    zeros = sum(int((p.grad == 0).sum()) for p in model.parameters())
+    for p in model.parameters():
+        p.grad = None
+    with contextlib.redirect_stdout(out):
+        stop = training.train(engine_steps(engine, pretrain_gpt.forward_step, args), lr_scheduler, calculator,
+                              iter([batch]), None, progress, args)
+    norm = float(torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm())
+    from megatron.global_vars import close_tensorboard_writer
+    close_tensorboard_writer()
+    return {"stop": stop, "out": out.getvalue(), "zeros": zeros, "norm": norm}
+
+
+def test_params_norm_and_zeros_in_grad_are_the_models(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron.launch import logged_iterations
+    [run] = run_distributed(1, _one_logged_iteration, str(tmp_path / "tb"))
+    assert run["stop"] == "finished"
+    logged = logged_iterations(run["out"])[1]
+    assert run["zeros"] > 0
+    assert logged["num zeros"] == run["zeros"]
+    assert logged["params norm"] == pytest.approx(run["norm"], abs=1e-3)  # printed with 3 decimals
+    assert "accepted, no effect: --timing-log-level (README.md, 'Flags accepted with no effect', says why)" \
+        in run["out"].splitlines()
+    # the fork's TensorBoard tags: iteration 1, 2 samples, 64 tokens
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag, value in (("num-zeros/num-zeros", run["zeros"]), ("params-norm/params-norm", run["norm"])):
+        for suffix, step in (("", 1), (" vs samples", 2), (" vs tokens", 64)):
+            [event] = events.Scalars(tag + suffix)
+            assert event.step == step and event.value == pytest.approx(value, rel=1e-6)  # stored as float32
