@@ -8,7 +8,6 @@ each rank saw to $DRIVER_OUT/rank{R}.json:
   * with DRIVER_INF_GRAD_AT=N: iteration N's gradients are made infinite (a forced overflow, as an
     fp16 loss scale that is too high produces), for the engine's own overflow check to catch.
 """
-import gc
 import json
 import logging
 import os
@@ -127,11 +126,11 @@ def main():
     del result["in_log"]
     with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
         json.dump(result, f)
-    # the interpreter's last garbage collection walks every object torch and DeepSpeed created,
-    # about 1 s of CPU per rank for memory the OS takes back anyway: exclude them from it
-    # (destructors still run as modules are torn down)
-    gc.freeze()
+
 
 
 if __name__ == "__main__":
     main()
+    # as pretrain_gpt.py's own entry point: a finished run ends without interpreter teardown
+    from megatron.process_exit import exit_after_success
+    exit_after_success()
