@@ -70,7 +70,7 @@ def _built_count(shape):
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.utils import compute_parameter_counts
-    return compute_parameter_counts(GPTModelPipe(GPTConfig(shape), mpu.get_topology()), mpu)
+    return compute_parameter_counts(GPTModelPipe(GPTConfig(shape), mpu.get_topology()), mpu, shape)
 
 
 @pytest.mark.parametrize("shape", [
