@@ -21,8 +21,9 @@ from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
 
 ITERS, RESUME_AT = 6, 3
-MOE = ["--swiglu", "--disable-bias-linear", "--num-experts", 4, "--topk", 2, "--expert-interval", 2, "--moe-loss-coeff", 1.0,
-       "--disable-moe-top2-2nd-expert-sampling", "--global-batch-size", 8, "--train-iters", ITERS]
+MOE = ["--swiglu", "--disable-bias-linear", "--num-experts", 4, "--topk", 2, "--expert-interval", 2,
+       "--moe-loss-coeff", 1.0, "--disable-moe-top2-2nd-expert-sampling", "--global-batch-size", 8,
+       "--train-iters", ITERS]
 # TP2 pads the vocab to a multiple of 64 x 2: the same 640 rows as TP1's multiple of 128
 LAYOUTS = {"ref": (1, ["--no-pipeline-parallel"]),
            "tp2_pp2": (4, ["--tensor-model-parallel-size", 2, "--pipeline-model-parallel-size", 2,
@@ -133,5 +134,5 @@ def test_export_refuses_an_moe_checkpoint_in_one_line(runs, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"convert_checkpoint_to_hf.py: error: {runs['tp2_pp2_ckpt']}/global_step3: a mixture-of-"
                            f"experts model (4 experts per MoE layer) has no transformers architecture here "
-                           f"(GPT2LMHeadModel, LlamaForCausalLM are dense)\n")
+                           f"(GPT2LMHeadModel, LlamaForCausalLM, BloomForCausalLM are dense)\n")
     assert not (tmp_path / "hf").exists()
