@@ -6,7 +6,8 @@ each rank saw to $DRIVER_OUT/rank{R}.json:
   * spies: torch.distributed collectives and Module.parameters()/named_parameters() calls made
     while megatron.training.training_log runs, and how often the count itself ran;
   * with DRIVER_INF_GRAD_AT=N: iteration N's gradients are made infinite (a forced overflow, as an
-    fp16 loss scale that is too high produces), for the engine's own overflow check to catch.
+    fp16 loss scale that is too high produces), for the engine's own overflow check to catch;
+  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging.
 """
 import json
 import logging
@@ -24,7 +25,7 @@ import pretrain_gpt
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
-         "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}}
+         "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "step_losses": {}}
 
 
 def _spy(owner, name, counter):
@@ -69,14 +70,18 @@ _train_step = training.train_step
 
 
 def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
-    if progress.iteration + 1 != int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
-        return _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
-    param = next(steps.engine.module.parameters())
-    hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    """Also records each iteration's own loss, as the engine returned it (`step_losses`)."""
+    hook = None
+    if progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
+        param = next(steps.engine.module.parameters())
+        hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
     try:
-        return _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+        loss, gbs = _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
+    state["step_losses"][progress.iteration] = float(loss)
+    return loss, gbs
 
 
 _initialize = training.deepspeed.initialize
