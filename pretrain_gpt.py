@@ -44,6 +44,10 @@ def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
         return build_mock_datasets(train_valid_test_num_samples, args.seq_length, get_tokenizer().vocab_size,
                                    args.seed)
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
+    if args.weighted_split_groups:  # valid / test: [(group name, dataset)], each evaluated on its own
+        from megatron.data.weighted_split_paths import build_datasets
+        return build_datasets(args.weighted_split_groups, train_valid_test_num_samples, args.seq_length, args.seed,
+                              args.data_impl)
     try:
         return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
                                                splits_string=args.split,

@@ -17,9 +17,15 @@ setup(
     ],
     extras_require={
         # tools/convert_checkpoint_to_hf.py only; training never imports them
-        "hf": ["transformers>=5", "safetensors"],
+        "hf": ["transformers>=5", "safetensors", "tokenizers"],
+        # tools/compare_runs.py only (pictures and the power-law fit); training never imports them
+        "plots": ["matplotlib", "scipy"],
+        # --tokenizer-type GPTSentencePieceTokenizer
+        "sentencepiece": ["sentencepiece"],
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
-        # ruff: the lint CI runs before the tests (ruff.toml); transformers, safetensors: the HF export
-        "test": ["pytest", "tokenizers", "ruff", "transformers>=5", "safetensors"],
+        # ruff: the lint CI runs before the tests (ruff.toml); transformers, safetensors: the HF export;
+        # matplotlib, scipy: tools/compare_runs.py; sentencepiece: the SentencePiece tokenizer tests
+        "test": ["pytest", "tokenizers", "ruff", "transformers>=5", "safetensors", "matplotlib", "scipy",
+                 "sentencepiece"],
     },
 )

@@ -4,14 +4,23 @@ import argparse
 import json
 import math
 import os
+import sys
 
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
                                   require as _require)
 from megatron.model.shape import require_fraction, require_non_negative, require_positive
+from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
+from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
 def parse_args(extra_args_provider=None, args_list=None):
-    return build_parser(extra_args_provider).parse_args(args_list)
+    from megatron.script_flags import given_flags
+    parser = build_parser(extra_args_provider)
+    args = parser.parse_args(args_list)
+    # which flags the user really passed (a default cannot tell): the startup line names those
+    # accepted with no effect, and --clip-grad is reported when DeepSpeed's clipping overrides it
+    args.given_flags = given_flags(parser, sys.argv[1:] if args_list is None else args_list)
+    return args
 
 
 def build_parser(extra_args_provider=None):
@@ -20,7 +29,7 @@ def build_parser(extra_args_provider=None):
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                 _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
-                _add_zero_args, _add_moe_args):
+                _add_zero_args, _add_moe_args, _add_published_script_args):
         add(parser)
     if extra_args_provider is not None:
         parser = extra_args_provider(parser)
@@ -37,6 +46,9 @@ def _add_network_size_args(parser):
     g.add_argument("--max-position-embeddings", type=int, default=None)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                    help="pad the vocab to a multiple of this x TP size")
+    g.add_argument("--pad-vocab-size-to", type=int, default=None,
+                   help="BigScience: pad the vocab to exactly N (>= the tokenizer's size, a multiple of "
+                        "--make-vocab-size-divisible-by and of TP)")
     g.add_argument("--layernorm-epsilon", "--norm-epsilon", type=float, default=1e-5, help="LayerNorm and RMSNorm")
     g.add_argument("--attention-impl", choices=["sdpa", "math"], default="sdpa",
                    help="sdpa: torch.nn.functional.scaled_dot_product_attention; math: explicit matmuls")
@@ -60,6 +72,8 @@ def _add_architecture_variant_args(parser):
                    help="no learned position table")
     g.add_argument("--rotary-position-embeddings-theta", "--rotary-base", type=float, default=10000.0,
                    dest="rope_theta")
+    g.add_argument("--rotary-percent", type=float, default=1.0,
+                   help="Microsoft: rotary on the first int(head dim x p) channels of each head (default all)")
     g.add_argument("--glu-activation", default=None, choices=list(GLU_ACTIVATIONS),
                    help="GLU MLP: dense_h_to_4h yields 2 x ffn outputs (ffn default stays 4h)")
     g.add_argument("--swiglu", action="store_true", help="= --glu-activation swiglu, ffn default int(8h/3/64)*64")
@@ -94,11 +108,19 @@ def _add_training_args(parser):
                    help="<start batch> <increment> <ramp-up samples>, e.g. 2 2 1_000")
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-samples", type=int, default=None)
+    g.add_argument("--train-tokens", type=int, default=None,
+                   help="also stop once this many tokens (samples x seq length) are consumed (Microsoft's fork)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)  # Megatron: int; fractions for short runs
     g.add_argument("--optimizer", type=str, default="adam")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)
+    # Megatron-LM's / Microsoft's fork's spelling (2021): the method alone turns checkpointing on
+    g.add_argument("--activations-checkpoint-method", choices=["uniform", "block"], default=None,
+                   help="uniform: checkpoint every chunk of N layers; block: only the first N layers of each "
+                        "pipeline stage, one by one (N = --activations-checkpoint-num-layers)")
+    g.add_argument("--activations-checkpoint-num-layers", type=int, default=None,
+                   help="N of --activations-checkpoint-method (default: --checkpoint-num-layers)")
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
     g.add_argument("--pp-partition-method", type=str, default="type:transformer",
@@ -121,6 +143,14 @@ def _add_learning_rate_args(parser):
     g.add_argument("--lr-warmup-fraction", type=float, default=None)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-warmup-samples", type=int, default=0)
+    # Microsoft's fork: a schedule length in tokens overrides the iteration/sample-based one
+    g.add_argument("--lr-warmup-tokens", type=int, default=None)
+    g.add_argument("--lr-decay-tokens", type=int, default=None)
+    # on --load: the flags' schedule, or the checkpoint's; neither: the two must agree (both forks)
+    g.add_argument("--override-opt_param-scheduler", "--override-lr-scheduler", action="store_true",
+                   dest="override_opt_param_scheduler", help="on resume, the flags' LR schedule wins")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-lr-scheduler", action="store_true",
+                   dest="use_checkpoint_opt_param_scheduler", help="on resume, the checkpoint's LR schedule wins")
 
 
 def _add_checkpointing_args(parser):
@@ -133,6 +163,8 @@ def _add_checkpointing_args(parser):
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
+    g.add_argument("--kill-switch-path", type=str, default=None,
+                   help="when this file exists, every rank saves a checkpoint and exits (BigScience's fork)")
 
 
 def _add_mixed_precision_args(parser):
@@ -166,13 +198,24 @@ def _add_validation_args(parser):
 def _add_data_args(parser):
     g = parser.add_argument_group("data and tokenizer")
     g.add_argument("--data-path", nargs="*", default=None, help="prefix, or weight prefix pairs")
-    g.add_argument("--split", type=str, default="969, 30, 1")
+    g.add_argument("--split", type=str, default=None, help='default "969, 30, 1" (with --data-path only)')
+    # BigScience's second way (megatron/data/weighted_split_paths.py): named groups per split
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-weighted-split-paths", nargs="*", default=None,
+                       help='groups "NAME: WEIGHT START:END PATH, ..."' + (" (one)" if split == "train" else ""))
+        g.add_argument(f"--{split}-weighted-split-paths-path", type=str, default=None,
+                       help="a file holding the groups on one line, each in double quotes")
     g.add_argument("--vocab-file", type=str, default=None)
     g.add_argument("--merge-file", type=str, default=None)
     g.add_argument("--vocab-size", type=int, default=None, help="with --mock-data")
     g.add_argument("--seq-length", type=int, default=None)
-    g.add_argument("--tokenizer-type", type=str, default=None,
-                   choices=["GPT2BPETokenizer", "NullTokenizer"])
+    g.add_argument("--tokenizer-type", type=str, default=None, choices=TOKENIZER_TYPES)
+    g.add_argument("--tokenizer-name-or-path", type=str, default=None,
+                   help="PretrainedFromHF: a local Hugging Face tokenizer directory (nothing is downloaded)")
+    g.add_argument("--tokenizer-model", type=str, default=None,
+                   help="GPTSentencePieceTokenizer: the .model file; HFTokenizer: a local tokenizer directory")
+    g.add_argument("--trust-remote-code", action="store_true", help="HFTokenizer / PretrainedFromHF: passed to "
+                                                                    "transformers.AutoTokenizer")
     g.add_argument("--data-impl", type=str, default="mmap", choices=["mmap", "infer"])
     g.add_argument("--mock-data", action="store_true", help="synthetic token stream, no dataset needed")
     g.add_argument("--num-workers", type=int, default=0)
@@ -228,6 +271,36 @@ def _add_moe_args(parser):
                    help="split the experts over the TP ranks (default: whole experts, tokens split)")
 
 
+def _add_published_script_args(parser):
+    """Operational flags of the forks' published launch scripts (BigScience's training scripts,
+    both forks' examples). Those with no effect here are listed in megatron/script_flags.py."""
+    g = parser.add_argument_group("published scripts")
+    levels = ["debug", "info", "warning", "error", "critical"]
+    g.add_argument("--log-level", choices=levels, default=None,
+                   help="Python / DeepSpeed logger level on rank 0 (BigScience)")
+    g.add_argument("--log-level-replica", choices=levels, default=None,
+                   help="Python / DeepSpeed logger level on every other rank (BigScience)")
+    g.add_argument("--sync-tp-duplicated-parameters", action="store_true",
+                   help="average the parameters every TP rank holds whole over TP before each forward (BigScience)")
+    g.add_argument("--skip-train-iteration-range", nargs="+", default=None, metavar="START-END",
+                   help="iterations that train nothing: their batches are read and dropped (BigScience)")
+    g.add_argument("--log-optimizer-states-to-tensorboard", action="store_true",
+                   help="norms of Adam's moments and the weights to TensorBoard every --log-interval (Microsoft)")
+    g.add_argument("--valid-num-workers", type=int, default=None,
+                   help="DataLoader workers of the validation split (default: --num-workers)")
+    g.add_argument("--codecarbon-dir", type=str, default=None, help="accepted; no effect")
+    g.add_argument("--abort-on-unmet-fused-kernel-constraints", action="store_true", help="accepted; no effect")
+    g.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
+                   dest="async_tensor_model_parallel_allreduce", help="accepted; no effect")
+    for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton"):
+        g.add_argument(flag, action="store_true", help="accepted; no effect (attention is exact either way)")
+    g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
+                   help="accepted; no effect (never applied here)")
+    g.add_argument("--sequence-parallel", action="store_true", help="accepted; no effect")
+    g.add_argument("--ds-sequence-parallel-size", type=int, default=1,
+                   help="DeepSpeed-Ulysses sequence parallelism: only 1 (none) is supported")
+
+
 def _add_zero_args(parser):
     g = parser.add_argument_group("ZeRO")
     g.add_argument("--zero-stage", type=int, default=None, help="overrides the ds_config's stage")
@@ -247,12 +320,13 @@ def _int(text, flag):
 # shape (ModelShape checks those). Checked by validate_flag_values, which tools/param_count.py
 # shares: a flag the caller's parser does not define is skipped.
 POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples", "--exit-interval",
-            "--exit-duration-in-mins", "--checkpoint-num-layers", "--lr-decay-iters", "--lr-decay-samples",
-            "--save-interval", "--eval-interval", "--log-interval", "--tensorboard-queue-size",
-            "--tensorboard-log-interval", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
-            "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
-NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--eval-iters", "--num-workers",
-                "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
+            "--exit-duration-in-mins", "--checkpoint-num-layers", "--activations-checkpoint-num-layers",
+            "--lr-decay-iters", "--lr-decay-samples", "--save-interval", "--eval-interval", "--train-tokens",
+            "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
+            "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std", "--loss-scale",
+            "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
+NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens", "--eval-iters",
+                "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
 FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
 BELOW_ONE = ("--adam-beta1", "--adam-beta2")  # torch's Adam refuses 1.0
 
@@ -283,9 +357,9 @@ def validate_flag_values(args):
         _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr} exceeds --lr {args.lr}: the decay would rise")
 
 
-def validate_rampup(args):
-    """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes; returns the
-    three integers (also shared with tools/param_count.py)."""
+def validate_rampup(args, data_parallel_size=None):
+    """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes (and, given
+    the DP size, micro batch x DP); returns the three integers (also shared with tools/param_count.py)."""
     _require(len(args.rampup_batch_size) == 3,
              "--rampup-batch-size takes 3 values: <start batch> <increment> <ramp-up samples>")
     start, incr, samples = (_int(v, "--rampup-batch-size") for v in args.rampup_batch_size)
@@ -298,6 +372,12 @@ def validate_rampup(args):
         _require((gbs - start) % incr == 0,
                  f"--rampup-batch-size: global batch {gbs} minus start batch {start} is not divisible by "
                  f"the increment {incr}")
+    if data_parallel_size is not None:
+        mbs = args.micro_batch_size
+        for what, value in (("start batch", start), ("increment", incr)):
+            _require(value % (mbs * data_parallel_size) == 0,
+                     f"--rampup-batch-size: {what} {value} is not divisible by --micro-batch-size {mbs} x "
+                     f"data-parallel size {data_parallel_size}")
     return [start, incr, samples]
 
 
@@ -330,14 +410,24 @@ def validate_args(args, world_size=None, cuda_available=None):
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
     _require(args.optimizer in ("adam", "sgd"),
              f"--optimizer {args.optimizer} is not supported: use adam or sgd")
+    _require(args.ds_sequence_parallel_size == 1,
+             f"--ds-sequence-parallel-size {args.ds_sequence_parallel_size}: DeepSpeed-Ulysses sequence parallelism "
+             f"is not supported; use 1 (or drop the flag)")
+    _require(not (args.distributed_backend == "nccl" and not cuda_available),
+             "--distributed-backend nccl needs CUDA devices and none is visible: drop the flag (gloo is the "
+             "default without CUDA) or pass --distributed-backend gloo")
     _require(args.peak_tflops is None or args.peak_tflops > 0,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
     _validate_moe(args)
     _validate_batch_sizes(args)
     _validate_training_length(args)
+    if args.skip_train_iteration_range:
+        from megatron.skip_iterations import parse_ranges
+        args.skip_train_iteration_range = parse_ranges(args.skip_train_iteration_range)
     _validate_precision(args, cuda_available)
     _validate_data(args)
+    _resolve_activation_checkpointing(args)
     # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only
     args.deepspeed_activation_checkpointing = args.deepspeed_activation_checkpointing and args.checkpoint_activations
     _require(not (args.deepspeed_activation_checkpointing and args.contigious_checkpointing
@@ -348,6 +438,25 @@ def validate_args(args, world_size=None, cuda_available=None):
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
     return args
+
+
+def _resolve_activation_checkpointing(args):
+    """One description of what is recomputed: --checkpoint-activations [--checkpoint-num-layers N] is
+    the uniform method; --activations-checkpoint-method alone turns checkpointing on (as in the forks).
+    Afterwards args.activations_checkpoint_method is None, 'uniform' or 'block' and
+    args.checkpoint_num_layers is its N (shared with tools/param_count.py)."""
+    method, n = args.activations_checkpoint_method, args.activations_checkpoint_num_layers
+    if n is not None:
+        _require(method is not None, "--activations-checkpoint-num-layers needs --activations-checkpoint-method "
+                                     "uniform or block (or use --checkpoint-activations --checkpoint-num-layers)")
+        _require(args.checkpoint_num_layers in (1, n),
+                 f"--activations-checkpoint-num-layers {n} contradicts --checkpoint-num-layers "
+                 f"{args.checkpoint_num_layers}: give one of them")
+        args.checkpoint_num_layers = n
+    if method is not None:
+        args.checkpoint_activations = True
+    elif args.checkpoint_activations:
+        args.activations_checkpoint_method = "uniform"
 
 
 def _validate_moe(args):
@@ -381,11 +490,7 @@ def _validate_batch_sizes(args):
              f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} x data-parallel "
              f"size {dp}: use a multiple of {mbs * dp}")
     if args.rampup_batch_size:
-        start, incr, samples = validate_rampup(args)
-        for flag, value in (("start batch", start), ("increment", incr)):
-            _require(value % (mbs * dp) == 0,
-                     f"--rampup-batch-size: {flag} {value} is not divisible by --micro-batch-size {mbs} x "
-                     f"data-parallel size {dp}")
+        start, incr, samples = validate_rampup(args, dp)
         _require(args.train_samples is not None,
                  "--rampup-batch-size needs --train-samples (sample-based training)")
         args.rampup_batch_size = [start, incr, samples]
@@ -402,6 +507,20 @@ def _validate_training_length(args):
                  "--train-samples goes with --lr-warmup-samples / --lr-decay-samples, not the -iters variants")
     _require(args.lr_warmup_fraction is None or (args.lr_warmup_iters == 0 and args.lr_warmup_samples == 0),
              "give either --lr-warmup-fraction or --lr-warmup-iters/-samples, not both")
+    _require(args.lr_warmup_tokens is None or (args.lr_warmup_fraction is None and args.lr_warmup_iters == 0
+                                                and args.lr_warmup_samples == 0),
+             "--lr-warmup-tokens replaces --lr-warmup-iters/-samples/-fraction: give only one warmup")
+    _require(not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler),
+             "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are exclusive: pick one")
+    from megatron.learning_rates import schedule_lengths
+    (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+    if warmup_tokens is not None or decay_tokens is not None:
+        seq = args.seq_length
+        warmup_tokens = warmup * seq if warmup_tokens is None else warmup_tokens
+        decay_tokens = decay * seq if decay_tokens is None else decay_tokens
+        _require(warmup_tokens < decay_tokens,
+                 f"the warmup ({warmup_tokens} tokens) must end before the decay ({decay_tokens} tokens) does: "
+                 f"lower --lr-warmup-tokens or raise --lr-decay-tokens")
 
 
 def _validate_precision(args, cuda_available):
@@ -415,6 +534,29 @@ def _validate_precision(args, cuda_available):
 def _validate_data(args):
     for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
         _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
+    for flag in ("--tokenizer-name-or-path", "--tokenizer-model"):
+        _require(args.tokenizer_type is not None or getattr(args, _dest(flag)) is None,
+                 f"{flag} needs --tokenizer-type (PretrainedFromHF for --tokenizer-name-or-path; "
+                 f"GPTSentencePieceTokenizer or HFTokenizer for --tokenizer-model)")
+    if args.tokenizer_type in PATH_FLAG:  # a local tokenizer file or directory (never a hub name)
+        try:
+            tokenizer_path(args, args.tokenizer_type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    from megatron.data.weighted_split_paths import groups_from_args
+    args.weighted_split_groups = groups_from_args(args)
+    if args.weighted_split_groups:
+        _require(not args.data_path and args.split is None and not args.mock_data,
+                 "--data-path / --split / --mock-data and --(train|valid|test)-weighted-split-paths are two ways "
+                 "to give the data: use one")
+        if args.tokenizer_type in (None, "GPT2BPETokenizer"):
+            _require(args.vocab_file and args.merge_file,
+                     "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")
+        return
+    if args.split is None:
+        args.split = "969, 30, 1"
+    if args.mock_data and args.tokenizer_type in PATH_FLAG:  # the vocab comes from the tokenizer
+        return
     if args.mock_data:
         _require(args.vocab_size is not None or (args.vocab_file and args.merge_file),
                  "--mock-data needs --vocab-size N (or --vocab-file and --merge-file)")
@@ -471,8 +613,8 @@ def _apply_deepspeed_config(args):
                           "min_loss_scale": args.min_loss_scale}
     if args.bf16 and "bf16" not in config:
         config["bf16"] = {"enabled": True}
-    # as in Megatron-DeepSpeed, the ds_config's clipping wins over --clip-grad when both are given
-    args.clip_grad = config.setdefault("gradient_clipping", args.clip_grad)
+    if not args.deepspeed_config:
+        config["gradient_clipping"] = args.clip_grad  # no ds_config: the flag clips, as Megatron's optimizer does
     zero = config.setdefault("zero_optimization", {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
@@ -488,6 +630,34 @@ def _apply_deepspeed_config(args):
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")
+    _require(not (args.sync_tp_duplicated_parameters and args.zero_stage == 3),
+             "--sync-tp-duplicated-parameters does not work with ZeRO stage 3 (its parameters are partitioned "
+             "when the sync runs): use --zero-stage 0, 1 or 2")
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
+    args.clip_grad = _check_with_deepspeed(config, where, args)
     args.deepspeed_config_dict = config
+
+
+def _check_with_deepspeed(config, where, args):
+    """The installed DeepSpeed parses the config now, before anything is built: a key it rejects
+    (e.g. the legacy top-level `curriculum_learning` of Microsoft's MoE template) is one line.
+    Returns the clipping DeepSpeed applies. Both forks hand DeepSpeed the bare optimizer, so a
+    given ds_config alone decides the clipping (its `gradient_clipping`, else DeepSpeed's default);
+    a different --clip-grad is reported, not used: the same script trains the same way here."""
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+    # the batch keys depend on the world size, which DeepSpeed cannot see yet (they are checked above)
+    probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
+    try:
+        clip = float(DeepSpeedConfig(probe).gradient_clipping)
+    except Exception as e:  # DeepSpeedConfigError, pydantic's ValidationError, a bad value's own error
+        errors = getattr(e, "errors", None)
+        detail = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors()) if errors \
+            else str(e).splitlines()[0]
+        raise ConfigError(f"{where}: DeepSpeed {deepspeed.__version__} rejects it: {detail}") from None
+    if "--clip-grad" in getattr(args, "given_flags", ()) and args.clip_grad != clip:
+        args.startup_notes = getattr(args, "startup_notes", []) + [
+            f"--clip-grad {args.clip_grad} is not used: DeepSpeed clips at {clip} (the ds_config's gradient_clipping"
+            f"{'' if 'gradient_clipping' in config else ', absent: DeepSpeed default'}), as in Megatron-DeepSpeed"]
+    return clip

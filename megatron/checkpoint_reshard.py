@@ -47,7 +47,9 @@ def write_model_info(step_dir, args):
             "params_dtype": str(args.params_dtype).replace("torch.", ""),
             "tokenizer_type": args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_file and args.merge_file
                                                       else "NullTokenizer"),
-            "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file)}
+            "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file),
+            "tokenizer_name_or_path": path(getattr(args, "tokenizer_name_or_path", None)),
+            "tokenizer_model": path(getattr(args, "tokenizer_model", None))}
     tmp = os.path.join(step_dir, f"{MODEL_FILE}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
         json.dump(info, f, indent=1)

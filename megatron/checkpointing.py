@@ -153,7 +153,10 @@ def load_checkpoint(engine, lr_scheduler, progress, args):
     if args.finetune:
         print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
         return None
-    progress.load_state_dict(saved_progress(client_state))
+    saved = saved_progress(client_state)
+    progress.load_state_dict(saved)
+    if "consumed_train_tokens" not in saved:  # written before tokens were counted
+        progress.consumed_train_tokens = progress.consumed_train_samples * args.seq_length
     progress.last_saved_iteration = progress.iteration
     lr_scheduler.load_state_dict(client_state["lr_scheduler"])
     print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")

@@ -17,6 +17,7 @@ def initialize_megatron(extra_args_provider=None, args_list=None):
     args = parse_args(extra_args_provider, args_list)
     validate_args(args)
     _initialize_distributed(args)
+    _startup_lines(args)
     set_args(args)
     _build_tokenizer(args)
     _set_random_seed(args.seed)
@@ -56,6 +57,18 @@ def _initialize_distributed(args):
         configure_deepspeed_checkpointing(args, mpu)
 
 
+def _startup_lines(args):
+    """Logger levels first (DeepSpeed logs from here on), then on rank 0 what validation had to say:
+    the flags accepted with no effect, a --clip-grad that DeepSpeed's clipping overrides."""
+    from megatron import print_rank_0
+    from megatron.log_levels import apply_log_levels
+    from megatron.script_flags import no_effect_line
+    apply_log_levels(args, args.rank)
+    for line in [no_effect_line(args)] + getattr(args, "startup_notes", []):
+        if line:
+            print_rank_0(line)
+
+
 def _build_tokenizer(args):
     from megatron.tokenizer import build_tokenizer
     try:
@@ -65,6 +78,10 @@ def _build_tokenizer(args):
     set_tokenizer(tokenizer)
     args.model_shape = dataclasses.replace(args.model_shape, vocab_size=tokenizer.vocab_size)
     args.padded_vocab_size = args.model_shape.padded_vocab_size
+    # HFTokenizer sizes the vocab without the special tokens it adds (as Microsoft's fork does)
+    if tokenizer.eod >= args.padded_vocab_size:
+        raise ConfigError(f"the tokenizer's end-of-document id {tokenizer.eod} is outside the padded vocab "
+                          f"{args.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
 
 
 def _set_random_seed(seed):

@@ -1,26 +1,70 @@
 """Learning-rate schedule: linear warmup, then constant / linear / cosine decay to min-lr,
-measured in samples (iteration-based flags are converted to samples with the global batch)."""
+measured in samples (iteration-based flags are converted to samples with the global batch), or in
+tokens when --lr-warmup-tokens or --lr-decay-tokens is given (Microsoft's Megatron-DeepSpeed:
+token lengths override the iteration/sample ones; tokens = samples x --seq-length)."""
 import math
+
+from megatron.model.shape import ConfigError
+
+# what a checkpoint's schedule must agree on with the flags (the fork's _check_and_set list)
+CHECKED = (("max_lr", "learning rate"), ("min_lr", "minimum learning rate"),
+           ("warmup_samples", "warmup samples"), ("decay_samples", "decay samples"),
+           ("warmup_tokens", "warmup tokens"), ("decay_tokens", "decay tokens"),
+           ("decay_style", "decay style"))
+_SAVED_KEYS = {"warmup_samples": "warmup_steps", "decay_samples": "decay_steps", "decay_style": "decay_style"}
+
+
+def schedule_lengths(args):
+    """(warmup, decay) of the schedule in samples, and (warmup, decay) in tokens or (None, None)."""
+    gbs = args.global_batch_size
+    if args.train_iters is not None:
+        decay = (args.lr_decay_iters or args.train_iters) * gbs
+        warmup = args.lr_warmup_iters * gbs
+    else:
+        decay = args.lr_decay_samples or args.train_samples
+        warmup = args.lr_warmup_samples
+    if args.lr_warmup_fraction is not None:
+        warmup = int(args.lr_warmup_fraction * decay)
+    return (warmup, decay), (getattr(args, "lr_warmup_tokens", None), getattr(args, "lr_decay_tokens", None))
 
 
 class AnnealingLR:
-    def __init__(self, optimizer, max_lr, min_lr, warmup_samples, decay_samples, decay_style):
+    def __init__(self, optimizer, max_lr, min_lr, warmup_samples, decay_samples, decay_style,
+                 tokens_per_sample=None, warmup_tokens=None, decay_tokens=None,
+                 use_checkpoint_scheduler=False, override_scheduler=False):
         self.optimizer = optimizer
         self.max_lr, self.min_lr = max_lr, min_lr
         self.warmup_samples, self.decay_samples = warmup_samples, decay_samples
         self.decay_style = decay_style
+        # token mode: a length given in tokens is used as is, the other one converted from samples
+        self.tokens_per_sample = tokens_per_sample
+        self.warmup_tokens, self.decay_tokens = warmup_tokens, decay_tokens
+        self.use_checkpoint_scheduler, self.override_scheduler = use_checkpoint_scheduler, override_scheduler
         self.num_samples = 0  # consumed by the updates applied so far
         self.step(0)
 
+    @property
+    def token_based(self):
+        return self.warmup_tokens is not None or self.decay_tokens is not None
+
+    def _lengths(self):
+        """(consumed, warmup, decay) in the schedule's unit: samples, or tokens in token mode."""
+        if not self.token_based:
+            return self.num_samples, self.warmup_samples, self.decay_samples
+        t = self.tokens_per_sample
+        warmup = self.warmup_tokens if self.warmup_tokens is not None else self.warmup_samples * t
+        decay = self.decay_tokens if self.decay_tokens is not None else self.decay_samples * t
+        return self.num_samples * t, warmup, decay
+
     def get_lr(self):
-        n = self.num_samples
-        if self.warmup_samples > 0 and n <= self.warmup_samples:
-            return self.max_lr * n / self.warmup_samples
+        n, warmup, decay = self._lengths()
+        if warmup > 0 and n <= warmup:
+            return self.max_lr * n / warmup
         if self.decay_style == "constant":
             return self.max_lr
-        if n > self.decay_samples:
+        if n > decay:
             return self.min_lr
-        ratio = (n - self.warmup_samples) / max(1, self.decay_samples - self.warmup_samples)
+        ratio = (n - warmup) / max(1, decay - warmup)
         if self.decay_style == "linear":
             coeff = 1.0 - ratio
         else:  # cosine
@@ -36,11 +80,29 @@ class AnnealingLR:
         return lr
 
     def state_dict(self):
-        # key names as Megatron saves them (num_steps, warmup_steps, decay_steps), which count samples here
+        # key names as Megatron saves them (num_steps, warmup_steps, decay_steps), which count samples
+        # here; the token ones as BigScience's fork names them
         return {"num_steps": self.num_samples, "max_lr": self.max_lr, "min_lr": self.min_lr,
                 "warmup_steps": self.warmup_samples, "decay_steps": self.decay_samples,
-                "decay_style": self.decay_style}
+                "decay_style": self.decay_style, "num_tokens": self._lengths()[0] if self.token_based else None,
+                "warmup_tokens": self.warmup_tokens, "decay_tokens": self.decay_tokens}
 
     def load_state_dict(self, state):
+        """The position always comes from the checkpoint. The schedule's settings must equal the
+        flags', unless --override-opt_param-scheduler (the flags win) or
+        --use-checkpoint-opt_param-scheduler (the checkpoint wins), as in both forks."""
+        differ = []
+        for attr, name in CHECKED:
+            saved, ours = state.get(_SAVED_KEYS.get(attr, attr)), getattr(self, attr)
+            if saved == ours:
+                continue
+            if self.use_checkpoint_scheduler:
+                setattr(self, attr, saved)
+            elif not self.override_scheduler:
+                differ.append(f"{name}: saved {saved} vs now {ours}")
+        if differ:
+            raise ConfigError("--load: the checkpoint's learning-rate schedule differs from the flags' ("
+                              + ", ".join(differ) + "); pass --override-opt_param-scheduler to use the flags' "
+                              "or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
         self.num_samples = state["num_steps"]
         self.step(0)

@@ -55,6 +55,7 @@ class TrainingSetup:
     fused_adam: bool = False           # apex FusedAdam (CUDA with apex installed)
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1
+    checkpoint_method: str = "uniform"  # or "block": only the first checkpoint_num_layers of a stage
     attention_impl: str = "sdpa"
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -76,8 +77,10 @@ class TrainingSetup:
                    pipeline=not args.no_pipeline_parallel, optimizer=args.optimizer,
                    sgd_momentum=args.sgd_momentum, fused_adam=fused_adam,
                    checkpoint_activations=args.checkpoint_activations,
-                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl,
-                   hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+                   checkpoint_num_layers=args.checkpoint_num_layers,
+                   checkpoint_method=getattr(args, "activations_checkpoint_method", None) or "uniform",
+                   attention_impl=args.attention_impl, hidden_dropout=args.hidden_dropout,
+                   attention_dropout=args.attention_dropout,
                    reduce_bucket_size=int(zero.get("reduce_bucket_size", REDUCE_BUCKET_SIZE)),
                    overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
                    grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype"),
@@ -274,7 +277,9 @@ def activation_bytes(shape, setup, stage):
     min(PP - stage, micro-batches) micro-batches between forward and backward on a stage.
     With checkpointing a micro-batch keeps each chunk's input; in its backward the last stage's
     head is freed first, then one chunk is recomputed (its first LayerNorm input is the chunk's
-    saved input, so that is not counted twice)."""
+    saved input, so that is not counted twice). The block method keeps the inputs of the stage's first
+    k layers and everything of the others; its backward recomputes one of the k layers once the
+    others' activations are freed."""
     pp = shape.pipeline_model_parallel_size
     b = setup.micro_batch_size
     layers = shape.layers_per_stage()[stage]
@@ -287,6 +292,10 @@ def activation_bytes(shape, setup, stage):
         return in_flight * per_micro_batch, per_micro_batch, in_flight
     k = min(setup.checkpoint_num_layers, layers)
     chunk_input = setup.model_bytes * shape.seq_length * b * shape.hidden_size
+    if setup.checkpoint_method == "block":
+        per_micro_batch = k * chunk_input + (layers - k) * per_layer + embedding + head
+        in_backward = k * chunk_input + embedding + (per_layer - chunk_input if k else 0)
+        return (in_flight - 1) * per_micro_batch + max(per_micro_batch, in_backward), per_micro_batch, in_flight
     per_micro_batch = ceil(layers / k) * chunk_input + embedding + head
     in_backward = per_micro_batch - head + k * per_layer - chunk_input
     return (in_flight - 1) * per_micro_batch + max(per_micro_batch, in_backward), per_micro_batch, in_flight
@@ -317,13 +326,21 @@ def format_bytes(n):
     return f"{n} B"
 
 
+def _checkpointing_note(setup):
+    if not setup.checkpoint_activations:
+        return ""
+    if setup.checkpoint_method == "block":
+        return f", checkpointed activations (block: first {setup.checkpoint_num_layers} layer(s) of each stage)"
+    return ", checkpointed activations"
+
+
 def format_memory_report(shape, setup, ranks=None):
     """One table, per stage its most loaded DP rank, bytes exact except activations."""
     ranks = ranks or predict_memory(shape, setup)
     lines = [f"memory per rank (predicted; {setup.precision}, ZeRO {setup.zero_stage}, "
              f"{WRAPPER_NAMES[setup.optimizer_wrapper()]}, DP={setup.data_parallel_size}, micro batch "
              f"{setup.micro_batch_size} x {setup.num_micro_batches}"
-             f"{', checkpointed activations' if setup.checkpoint_activations else ''}):",
+             f"{_checkpointing_note(setup)}):",
              "  stage | dp rank |         weights |       gradients |       optimizer |    activations* |"
              "           total"]
     for stage in range(shape.pipeline_model_parallel_size):

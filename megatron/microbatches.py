@@ -1,6 +1,7 @@
 """Global batch size and the number of micro-batches per iteration, with Megatron's
 --rampup-batch-size <start> <increment> <ramp-up samples>: the global batch grows from <start>
 by <increment> in equal sample intervals until it reaches --global-batch-size."""
+import math
 
 
 class NumMicroBatchesCalculator:
@@ -31,16 +32,30 @@ class NumMicroBatchesCalculator:
         return self.current_global_batch_size
 
 
-def num_train_iterations(args):
-    """Iterations of the run: --train-iters, or enough to consume --train-samples while the
-    global batch ramps up."""
-    if args.train_iters is not None:
-        return args.train_iters
+def run_length(args):
+    """(iterations, samples) of the whole run: it stops at --train-iters or --train-samples, or
+    earlier once --train-tokens tokens (samples x --seq-length) are consumed (Microsoft's fork
+    keeps both limits), while the global batch ramps up."""
+    iteration_cap = args.train_iters if args.train_iters is not None else math.inf
+    sample_cap = args.train_samples if args.train_samples is not None else math.inf
+    if getattr(args, "train_tokens", None) is not None:
+        sample_cap = min(sample_cap, -(-args.train_tokens // args.seq_length))
     calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                            args.data_parallel_size, args.rampup_batch_size)
     iterations = consumed = 0
-    while consumed < args.train_samples:
-        consumed += calculator.get_current_global_batch_size()
+    while iterations < iteration_cap and consumed < sample_cap:
+        gbs = calculator.get_current_global_batch_size()
+        if gbs == calculator.final_global_batch_size:  # ramp-up over: the rest in one step
+            rest = iteration_cap - iterations
+            if sample_cap < math.inf:
+                rest = min(rest, -(-(sample_cap - consumed) // gbs))
+            return iterations + rest, consumed + rest * gbs
+        consumed += gbs
         iterations += 1
         calculator.update(consumed)
-    return iterations
+    return iterations, consumed
+
+
+def num_train_iterations(args):
+    """Iterations of the run (see run_length)."""
+    return run_length(args)[0]

@@ -63,6 +63,9 @@ def _keep_padded_vocab(saved, args, where):
     shape = args.model_shape
     if shape.padded_vocab_size == saved:
         return
+    if shape.pad_vocab_size_to is not None:  # an explicit size is never overridden
+        raise ConfigError(f"{where}: the checkpoint's vocab is padded to {saved}, this run's --pad-vocab-size-to is "
+                          f"{shape.pad_vocab_size_to}; pass --pad-vocab-size-to {saved}")
     tp = shape.tensor_model_parallel_size
     divisor = next((m // tp for m in range(tp, saved + 1, tp)
                     if saved % m == 0 and pad_vocab_size(shape.vocab_size, m // tp, tp) == saved), None)

@@ -29,7 +29,7 @@ def _write_group(writer, tag, value, progress, args, axes=("iteration", "samples
     `tag vs tokens`, `tag vs gigaflos (without embeddings)` for the scaling-law x axes."""
     x = {"iteration": ("", progress.iteration),
          "samples": (" vs samples", progress.consumed_train_samples),
-         "tokens": (" vs tokens", progress.consumed_train_samples * args.seq_length),
+         "tokens": (" vs tokens", progress.consumed_train_tokens),
          "gigaflos": (" vs gigaflos (without embeddings)", progress.gigaflos_no_embeds)}
     for axis in axes:
         suffix, step = x[axis]
@@ -95,7 +95,7 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     dp, it = args.data_parallel_size, progress.iteration
 
     writer = _writer()
-    _write_group(writer, "learning-rate/learning-rate", lr, progress, args, axes=("iteration", "samples"))
+    _write_group(writer, "learning-rate/learning-rate", lr, progress, args, axes=("iteration", "samples", "tokens"))
     if args.log_batch_size_to_tensorboard:
         _write_group(writer, "batch-size/batch-size", global_batch_size, progress, args, axes=("iteration", "samples"))
     _write_group(writer, "lm-loss-training/lm loss", loss, progress, args)
@@ -118,6 +118,7 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
 
     line = (f" iteration {it:8d}/{args.total_iterations:8d} |"
             f" consumed samples: {progress.consumed_train_samples:12d} |"
+            f" consumed tokens: {progress.consumed_train_tokens:12d} |"
             f" elapsed time per iteration (ms): {1000.0 * elapsed / stats.iterations:.1f} |"
             f" learning rate: {lr:.3E} |"
             f" global batch size: {global_batch_size:5d} |"
@@ -135,13 +136,18 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     print_rank_last(line)
 
 
-def evaluation_log(prefix, loss, progress, args, tensorboard=True):
+def evaluation_log(prefix, loss, progress, args, tensorboard=True, name=None):
+    """One evaluation's line and scalars; `name`: a --valid-weighted-split-paths group, whose line
+    and tags carry it as BigScience's fork names them (`NAME loss at ...`,
+    `lm-loss-validation/NAME/lm loss validation`)."""
     ppl = math.exp(min(20.0, loss))
     if tensorboard:
         writer = _writer()
-        _write_group(writer, "lm-loss-validation/lm loss validation", loss, progress, args)
+        group = "lm-loss-validation" if name is None else f"lm-loss-validation/{name}"
+        _write_group(writer, f"{group}/lm loss validation", loss, progress, args)
         if args.log_validation_ppl_to_tensorboard:
-            _write_group(writer, "lm-loss-validation/lm loss validation ppl", ppl, progress, args)
+            _write_group(writer, f"{group}/lm loss validation ppl", ppl, progress, args)
     bar = "-" * 100
-    print_rank_last(f"{bar}\n validation loss at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"
+    what = "validation loss" if name is None else f"{name} loss"
+    print_rank_last(f"{bar}\n {what} at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"
                     f"\n{bar}")

@@ -262,7 +262,8 @@ def cache_parameter_counts(args, counts):
     args.parameters_active_no_embedding = counts.active_no_embedding
     args.parameters_active_in_billions = args.parameters_active / 1e9
     args.parameters_active_in_billions_no_embedding = args.parameters_active_no_embedding / 1e9
-    args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations)
+    args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations,
+                                             args.activations_checkpoint_method, args.checkpoint_num_layers)
     return args
 
 
@@ -292,7 +293,8 @@ def parameter_count_mismatches(measured, shape):
     return problems
 
 
-def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_activations=False):
+def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_activations=False,
+                            checkpoint_method=None, checkpoint_num_layers=1):
     """The startup report, the same from the trainer (measured) and tools/param_count.py
     (analytic). The first two lines keep Megatron-DeepSpeed's wording (scripts grep them)."""
     tp, pp = shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size
@@ -310,8 +312,12 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
     lines.append("  component           | params")
     # the components this variant has (a rotary model has no position table, a tied one no output layer)
     lines += [f"  {name:19s} | {counts.components[name]:,}" for name in COMPONENTS if counts.components[name]]
-    lines.append(f"FLOPs per sample (model, fwd+bwd{', recompute' if checkpoint_activations else ''}): "
-                 f"{flops_per_sample(shape, checkpoint_activations):,}")
+    recompute = ""
+    if checkpoint_activations:
+        recompute = (f", recompute of the first {checkpoint_num_layers} layer(s) of each stage"
+                     if checkpoint_method == "block" else ", recompute")
+    flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers)
+    lines.append(f"FLOPs per sample (model, fwd+bwd{recompute}): {flops:,}")
     return lines
 
 

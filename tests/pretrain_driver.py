@@ -7,6 +7,12 @@ each rank saw to $DRIVER_OUT/rank{R}.json:
     while megatron.training.training_log runs, and how often the count itself ran;
   * with DRIVER_INF_GRAD_AT=N: iteration N's gradients are made infinite (a forced overflow, as an
     fp16 loss scale that is too high produces), for the engine's own overflow check to catch;
+  * each logged iteration's learning rate and consumed tokens, and each evaluation's (prefix, group
+    name, loss), at full precision;
+  * with DRIVER_KILL_SWITCH_AT=N: rank 0 alone creates the --kill-switch-path file right after
+    iteration N's log call (the other ranks may look before it exists: they must still stop together);
+  * with DRIVER_RECORD_BATCHES=1: the distinct token ids of every sample each rank's batch function
+    received (the data actually drawn), in order;
   * each iteration's own loss as the engine returned it (`step_losses`), before any averaging.
 """
 import json
@@ -25,7 +31,8 @@ import pretrain_gpt
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
-         "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "step_losses": {}}
+         "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "lrs": {}, "tokens": {},
+         "samples": [], "evaluations": [], "step_losses": {}}
 
 
 def _spy(owner, name, counter):
@@ -50,12 +57,24 @@ _training_log = training.training_log
 def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args):
     # the logged loss at full precision, for bit-for-bit comparisons across runs
     state["losses"][progress.iteration] = stats.mean_loss()
+    state["lrs"][progress.iteration] = lr
+    state["tokens"][progress.iteration] = progress.consumed_train_tokens
     state["log_calls"] += 1
     state["in_log"] = True
     try:
         return _training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args)
     finally:
         state["in_log"] = False
+        if progress.iteration == int(os.environ.get("DRIVER_KILL_SWITCH_AT", "0")) and args.rank == 0:
+            open(args.kill_switch_path, "w").close()
+
+
+_evaluation_log = training.evaluation_log
+
+
+def evaluation_log(prefix, loss, progress, args, tensorboard=True, name=None):
+    state["evaluations"].append([prefix, name, loss])  # at full precision
+    return _evaluation_log(prefix, loss, progress, args, tensorboard=tensorboard, name=name)
 
 
 _count = training.compute_parameter_counts
@@ -99,9 +118,21 @@ def initialize(*args, **kwargs):
 training.training_log = training_log
 training.compute_parameter_counts = compute_parameter_counts
 training.train_step = train_step
+training.evaluation_log = evaluation_log
 
 
 training.deepspeed.initialize = initialize
+
+_get_batch = pretrain_gpt.get_batch
+
+
+def get_batch(data):
+    if os.environ.get("DRIVER_RECORD_BATCHES"):
+        state["samples"] += [sorted(set(row.tolist())) for row in data["text"]]
+    return _get_batch(data)
+
+
+pretrain_gpt.get_batch = get_batch
 
 
 class _EngineView(logging.Handler):

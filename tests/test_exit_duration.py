@@ -1,24 +1,42 @@
-"""--exit-duration-in-mins is decided together: when one rank's clock passes the limit every rank
-stops after the same iteration (otherwise one rank would enter the exit save and its barrier
-while the others start another step, and the run would hang)."""
+"""--exit-duration-in-mins and --kill-switch-path are decided together: when one rank's clock
+passes the limit, or one rank sees the kill-switch file, every rank stops after the same iteration
+(otherwise one rank would enter the exit save and its barrier while the others start another step,
+and the run would hang)."""
 import argparse
 import time
 
 from distributed import run_distributed
 
 
-def _decide(cases):
-    """Each case: minutes since each rank's start; returns each case's decision on this rank."""
+def _decide(cases, kill_cases, tmp):
+    """Each case: minutes since each rank's start; each kill case: whether each rank's kill-switch
+    path exists. Returns each case's decision on this rank."""
+    import os
+
     import torch.distributed as dist
 
-    from megatron.training import _out_of_time
+    from megatron.training import _out_of_time, exit_signals
+    rank = dist.get_rank()
     args = argparse.Namespace(exit_duration_in_mins=1)
-    return [_out_of_time(time.time() - 60 * minutes[dist.get_rank()], args) for minutes in cases]
+    late = [_out_of_time(time.time() - 60 * minutes[rank], args) for minutes in cases]
+    killed = []
+    for i, present in enumerate(kill_cases):
+        path = os.path.join(tmp, f"kill_{i}_rank{rank}")  # one path per rank: only some ranks see a file
+        if present[rank]:
+            open(path, "w").close()
+        killed.append(exit_signals(time.time(), argparse.Namespace(exit_duration_in_mins=None,
+                                                                   kill_switch_path=path)))
+    return late, killed
 
 
-def test_one_late_rank_stops_every_rank():
+def test_one_late_rank_or_one_kill_switch_stops_every_rank(tmp_path):
     # rank 0 past the limit; rank 1 past it; neither
-    assert run_distributed(2, _decide, [[2, 0], [0, 1.5], [0, 0.5]]) == [[True, True, False]] * 2
+    late_cases = [[2, 0], [0, 1.5], [0, 0.5]]
+    # only rank 0 sees the file; only rank 1; neither
+    kill_cases = [[True, False], [False, True], [False, False]]
+    results = run_distributed(2, _decide, late_cases, kill_cases, str(tmp_path))
+    assert [late for late, _ in results] == [[True, True, False]] * 2
+    assert [killed for _, killed in results] == [[(False, True), (False, True), (False, False)]] * 2
 
 
 def test_a_real_run_stops_every_rank_at_the_same_iteration_and_saves(tmp_path):

@@ -87,7 +87,8 @@ def _llama_matches(checkpoint):
     of kv heads and any head dim; tied or untied; with or without linear biases."""
     shape = checkpoint.shape
     return (shape.position_embedding_type == "rotary" and shape.normalization == "rmsnorm"
-            and shape.glu_activation == "swiglu" and not shape.embed_layernorm)
+            and shape.glu_activation == "swiglu" and not shape.embed_layernorm
+            and shape.rotary_percent == 1)  # transformers' LLaMA rotates the whole head
 
 
 def _llama_build(checkpoint, weights):
@@ -137,6 +138,52 @@ def _llama_build(checkpoint, weights):
                   attention_dropout=info.get("attention_dropout", 0.0),
                   initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
     return "LlamaForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
+
+
+def _neox_matches(checkpoint):
+    """GPT-NeoX's block with sequential residuals: rotary on any share of the head (its
+    partial_rotary_factor is Microsoft's --rotary-percent), LayerNorm, GeLU MLP, biases,
+    multi-head attention of head dim h / a, no embedding LayerNorm; tied or untied."""
+    shape = checkpoint.shape
+    return (shape.position_embedding_type == "rotary" and shape.normalization == "layernorm"
+            and shape.glu_activation is None and not shape.embed_layernorm and shape.add_bias_linear
+            and shape.num_key_value_heads == shape.num_attention_heads
+            and shape.kv_channels * shape.num_attention_heads == shape.hidden_size)
+
+
+def _neox_build(checkpoint, weights):
+    """GPTNeoXForCausalLM. Its fused query_key_value rows are [head, (q, k, v), d], the per-head
+    grouping ours has with one query head per group, and its submodules carry Megatron's names."""
+    shape, info = checkpoint.shape, checkpoint.model_info
+    L = shape.num_layers
+    taken = set()
+
+    def w(layer, key):
+        taken.add((layer, key))
+        return weights[(layer, key)]
+
+    sd = {"gpt_neox.embed_in.weight": w(0, "word_embeddings.weight")}
+    for i in range(L):
+        for module in ("input_layernorm", "post_attention_layernorm", "attention.query_key_value",
+                       "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"):
+            ours = module.replace("attention.", "self_attention.")
+            for suffix in ("weight", "bias"):
+                sd[f"gpt_neox.layers.{i}.{module}.{suffix}"] = w(i + 1, f"{ours}.{suffix}")
+    sd["gpt_neox.final_layer_norm.weight"] = w(L + 1, "weight")
+    sd["gpt_neox.final_layer_norm.bias"] = w(L + 1, "bias")
+    sd["lm_head.weight"] = sd["gpt_neox.embed_in.weight"] if shape.tied else w(L + 2, "weight")
+    _check_all_mapped(weights, taken, "GPTNeoXForCausalLM")
+    eod = info.get("eod_id")
+    config = dict(vocab_size=shape.padded_vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=L,
+                  num_attention_heads=shape.num_attention_heads, intermediate_size=shape.ffn_hidden_size,
+                  hidden_act="gelu", max_position_embeddings=shape.max_position_embeddings,
+                  rope_parameters={"rope_type": "default", "rope_theta": info.get("rope_theta", 10000.0),
+                                   "partial_rotary_factor": shape.rotary_percent},
+                  layer_norm_eps=info.get("layernorm_epsilon", 1e-5), use_parallel_residual=False,
+                  attention_bias=True, tie_word_embeddings=shape.tied,
+                  hidden_dropout=info.get("hidden_dropout", 0.0), attention_dropout=info.get("attention_dropout", 0.0),
+                  initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
+    return "GPTNeoXForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
 
 
 def _bloom_matches(checkpoint):
@@ -189,7 +236,7 @@ def _bloom_build(checkpoint, weights):
 
 # (name, matches, build): the first that matches converts
 ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build), ("LlamaForCausalLM", _llama_matches, _llama_build),
-                 ("BloomForCausalLM", _bloom_matches, _bloom_build)]
+                 ("GPTNeoXForCausalLM", _neox_matches, _neox_build), ("BloomForCausalLM", _bloom_matches, _bloom_build)]
 
 
 def to_hf(checkpoint, weights):
@@ -203,6 +250,34 @@ def to_hf(checkpoint, weights):
 
 
 # --- tokenizer --------------------------------------------------------------------------------
+
+def _external_tokenizer(checkpoint, args):
+    """(type, path) of the Hugging Face / SentencePiece tokenizer the run used, or None."""
+    info = checkpoint.model_info
+    kind = info.get("tokenizer_type")
+    if args.vocab_file or kind not in ("PretrainedFromHF", "HFTokenizer", "GPTSentencePieceTokenizer"):
+        return None
+    path = info.get("tokenizer_name_or_path") if kind == "PretrainedFromHF" else info.get("tokenizer_model")
+    if not path or not os.path.exists(path):
+        raise ConfigError(f"{checkpoint.step_dir}: the run's {kind} tokenizer {path} (recorded in the checkpoint) "
+                          f"does not exist; restore it at that path")
+    return kind, path
+
+
+def write_external_tokenizer(kind, path, output):
+    """The run's tokenizer next to the model; returns its end-of-document id. A Hugging Face
+    tokenizer is saved as transformers loads it; a SentencePiece model is copied as tokenizer.model."""
+    if kind == "GPTSentencePieceTokenizer":
+        import shutil
+
+        import sentencepiece
+        shutil.copyfile(path, os.path.join(output, "tokenizer.model"))
+        return sentencepiece.SentencePieceProcessor(model_file=path).eos_id()
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.save_pretrained(output)
+    return tokenizer.eos_token_id
+
 
 def _tokenizer_files(checkpoint, args):
     """(vocab, merges) paths, or None with the reason printed."""
@@ -256,7 +331,8 @@ def convert(args):
                           f"has no transformers architecture here "
                           f"({', '.join(name for name, _, _ in ARCHITECTURES)} are dense)")
     checkpoint.check_readable()
-    tokenizer_files = _tokenizer_files(checkpoint, args)
+    external = _external_tokenizer(checkpoint, args)
+    tokenizer_files = None if external else _tokenizer_files(checkpoint, args)
     import torch
     import transformers
     weights = {k: v.float() for k, v in checkpoint.read_weights().items()}
@@ -275,6 +351,9 @@ def convert(args):
     if count != expected:
         raise ConfigError(f"{name} holds {count:,} parameters, the trainer's count for this shape is {expected:,}")
     os.makedirs(args.output, exist_ok=True)
+    if external:
+        eod = write_external_tokenizer(*external, args.output)
+        model.config.bos_token_id = model.config.eos_token_id = eod
     model.save_pretrained(args.output)
     if tokenizer_files:
         write_tokenizer(*tokenizer_files, args.output, checkpoint.shape.max_position_embeddings)

@@ -9,6 +9,8 @@ The flags, their defaults and the shape's validation are the trainer's own (mega
 megatron/model/shape.py); the numbers come from the same analytic functions the trainer's
 startup cross-check uses and are printed by the same report, which names the architecture variant
 (--swiglu, --num-key-value-heads, --use-rotary-position-embeddings, ... as the trainer takes them).
+The vocab: --vocab-size, a GPT-2 --vocab-file, or the trainer's --tokenizer-type PretrainedFromHF /
+HFTokenizer / GPTSentencePieceTokenizer with its local files (read with tokenizers / sentencepiece).
 No torch, no GPU; unknown flags are ignored, so a launch script's whole flag list can be pasted in."""
 import argparse
 import json
@@ -19,6 +21,7 @@ from megatron import arguments
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.memory import TrainingSetup, format_memory_report
 from megatron.model.shape import ConfigError, ModelShape, require
+from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
 
@@ -35,14 +38,23 @@ def parse_args(argv=None):
     arguments.validate_flag_values(args)
     if args.rampup_batch_size:
         arguments.validate_rampup(args)
-    require((args.vocab_size is None) != (args.vocab_file is None), "give exactly one of --vocab-size or --vocab-file")
-    if args.vocab_file is not None:
+    external = args.tokenizer_type in PATH_FLAG
+    require((args.vocab_size is not None) + (args.vocab_file is not None) + external == 1,
+            "give exactly one of --vocab-size, --vocab-file, or --tokenizer-type "
+            f"{'/'.join(PATH_FLAG)} with its tokenizer")
+    if external:  # the trainer's tokenizer's size, read from its files (without torch)
+        try:
+            args.vocab_size = vocab_size_without_torch(args, args.tokenizer_type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    elif args.vocab_file is not None:
         require(os.path.isfile(args.vocab_file), f"--vocab-file {args.vocab_file}: no such file")
         try:
             with open(args.vocab_file, encoding="utf-8") as f:
                 args.vocab_size = len(json.load(f))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"--vocab-file {args.vocab_file}: not a GPT-2 vocab.json ({e})") from None
+    arguments._resolve_activation_checkpointing(args)
     args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
     args.memory_setup = _training_setup(args)
     return args
@@ -60,6 +72,8 @@ def _training_setup(args):
     arguments._require(gbs % (args.micro_batch_size * args.data_parallel_size) == 0,
                        f"--global-batch-size {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} "
                        f"x data-parallel size {args.data_parallel_size}")
+    if args.rampup_batch_size:  # the trainer's rule: every ramp-up batch splits into micro batches x DP
+        arguments.validate_rampup(args, args.data_parallel_size)
     args.zero_stage = args.zero_stage or 0
     arguments._require(args.zero_stage in (0, 1, 2, 3), f"--zero-stage {args.zero_stage} must be 0, 1, 2 or 3")
     return TrainingSetup.from_args(args)
@@ -73,11 +87,15 @@ def report(args):
         f"parameters without embeddings: {counts.no_embedding:,}",
     ] + ([f"active parameters: {counts.active:,}",
           f"active parameters without embeddings: {counts.active_no_embedding:,}"] if shape.is_moe else []) + [
-        f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, multiple of "
-        f"{shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})",
-    ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations)
+        f"padded vocab size: {shape.padded_vocab_size:,} (vocab {shape.vocab_size:,}, "
+        + (f"--pad-vocab-size-to {shape.pad_vocab_size_to:,})" if shape.pad_vocab_size_to is not None else
+           f"multiple of {shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})"),
+    ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
+                                checkpoint_method=args.activations_checkpoint_method,
+                                checkpoint_num_layers=args.checkpoint_num_layers)
     if args.global_batch_size:
-        flops = flops_per_sample(shape, args.checkpoint_activations)
+        flops = flops_per_sample(shape, args.checkpoint_activations, args.activations_checkpoint_method,
+                                 args.checkpoint_num_layers)
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
     return lines + format_memory_report(shape, args.memory_setup)
 

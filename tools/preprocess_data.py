@@ -6,6 +6,10 @@ tokenized into one document of {output_prefix}_{key}_document.bin/.idx.
 Example:
   python tools/preprocess_data.py --input data/corpus.jsonl --output-prefix data/corpus \
       --vocab-file data/gpt2-vocab.json --merge-file data/gpt2-merges.txt --append-eod --workers 2
+
+The trainer's other tokenizers take its flags, so data and model agree (EOD is the tokenizer's eos):
+  --tokenizer-type PretrainedFromHF --tokenizer-name-or-path DIR        (a local Hugging Face tokenizer)
+  --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model FILE.model
 """
 import argparse
 import json
@@ -18,6 +22,7 @@ import numpy as np
 
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, index_file_path
 from megatron.tokenizer import build_tokenizer
+from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
@@ -34,6 +39,11 @@ def get_args(argv=None):
     group.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json")
     group.add_argument("--merge-file", default=None, help="GPT-2 merges.txt")
     group.add_argument("--vocab-size", type=int, default=None, help="vocab size of NullTokenizer")
+    # the trainer's spellings (megatron/arguments.py), so one set of tokenizer flags serves both
+    group.add_argument("--tokenizer-name-or-path", default=None, help="PretrainedFromHF: a local tokenizer directory")
+    group.add_argument("--tokenizer-model", default=None,
+                       help="GPTSentencePieceTokenizer: the .model file; HFTokenizer: a local tokenizer directory")
+    group.add_argument("--trust-remote-code", action="store_true")
     group.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True, help="prefix of the output files, without key or extension")
@@ -45,6 +55,11 @@ def get_args(argv=None):
     args = parser.parse_args(argv)
     if args.workers < 1 or args.log_interval < 1:
         parser.error("--workers and --log-interval must be at least 1")
+    if args.tokenizer_type in PATH_FLAG:  # checked here, before any worker starts
+        try:
+            tokenizer_path(args, args.tokenizer_type)
+        except ValueError as e:
+            parser.error(str(e))
     return args
 
 
@@ -101,7 +116,8 @@ def main(argv=None):
     if not os.path.isdir(output_dir):
         raise FileNotFoundError(f"--output-prefix {args.output_prefix}: directory {output_dir} does not exist; create it first")
     tokenizer = build_tokenizer(args)
-    dtype = best_fitting_dtype(tokenizer.vocab_size)
+    # ids the tokenizer adds past its vocab size (HFTokenizer's added eos) must fit the dtype too
+    dtype = best_fitting_dtype(max(tokenizer.vocab_size, tokenizer.eod + 1))
     builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(args, key)), dtype=dtype) for key in args.json_keys}
     try:
         counts = tokenize_into(args, builders)
@@ -119,6 +135,7 @@ def tokenize_into(args, builders):
     counts = {key: [0, 0] for key in builders}
     start = time.time()
     total_bytes = lines_done = skipped = 0
+    input_bytes = os.path.getsize(args.input)  # what is left, for the ETA: documents vary, bytes do not lie
     with open(args.input, "rb") as fin:
         # Blank lines (e.g. a trailing one) are not documents and not errors.
         lines = ((n, line) for n, line in enumerate(fin, start=1) if line.strip())
@@ -138,20 +155,30 @@ def tokenize_into(args, builders):
                     counts[key][1] += len(tokens)
             lines_done += 1
             if lines_done % args.log_interval == 0:
-                report_progress(lines_done, total_bytes, start)
+                report_progress(lines_done, total_bytes, start, input_bytes)
     for key, (documents, _) in counts.items():
         if documents == 0:
             raise ValueError(f"--input {args.input} has no documents with tokens under key {key!r}; check the file and --json-keys")
-    report_progress(lines_done, total_bytes, start)
+    report_progress(lines_done, total_bytes, start, input_bytes)
     for key, (documents, tokens) in counts.items():
         print(f"{output_prefix(args, key)}: {documents} documents, {tokens} tokens"
               + (f" ({skipped} invalid lines skipped)" if skipped else ""), file=sys.stderr)
     return {key: tuple(c) for key, c in counts.items()}
 
 
-def report_progress(documents, num_bytes, start):
+def report_progress(documents, num_bytes, start, input_bytes):
+    """Every --log-interval documents: the rates, the share of the input read and an ETA at the rate so far."""
     elapsed = max(time.time() - start, 1e-9)
-    print(f"Processed {documents} documents ({documents / elapsed:.1f} docs/s, {num_bytes / elapsed / 2**20:.2f} MB/s).", file=sys.stderr)
+    done = min(num_bytes / max(input_bytes, 1), 1.0)  # blank lines are not counted: at most a few bytes short
+    eta = elapsed * (1 - done) / done if done > 0 else 0.0
+    print(f"Processed {documents} documents ({documents / elapsed:.1f} docs/s, {num_bytes / elapsed / 2**20:.2f} MB/s); "
+          f"{num_bytes / 2**20:.2f} of {input_bytes / 2**20:.2f} MB ({100 * done:.1f}%), elapsed {_clock(elapsed)}, "
+          f"ETA {_clock(eta)}.", file=sys.stderr)
+
+
+def _clock(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 if __name__ == "__main__":

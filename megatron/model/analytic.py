@@ -248,24 +248,41 @@ def analytic_parameter_counts(shape):
 
 # --- FLOPs -----------------------------------------------------------------------------------
 
-def flops_per_sample(shape, checkpoint_activations):
+def recomputed_layers(shape, method, num_layers):
+    """0-based indices of the transformer layers that activation checkpointing runs forward a second
+    time in backward. uniform (chunks of `num_layers`): every layer, each chunk once; block: the
+    first `num_layers` layers of each pipeline stage (Megatron's `--activations-checkpoint-method`)."""
+    if method is None:
+        return []
+    if method == "uniform":
+        return list(range(shape.num_layers))
+    layers, first = [], 0
+    for stage_layers in shape.layers_per_stage():
+        layers += range(first, first + min(num_layers, stage_layers))
+        first += stage_layers
+    return layers
+
+
+def flops_per_sample(shape, checkpoint_activations, method=None, num_layers=1):
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
     generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
     layer, forward: QKV 2sh(ad + 2gd), attention scores and context 2 x 2s^2 ad, output
     projection 2s ad h, MLP 4shf (6shf with a GLU: dense_h_to_4h yields 2f; an MoE layer's MLP
     slot as `mlp_forward_flops` says: top-k experts, router). Backward costs twice the forward;
-    activation recomputation adds one more forward (factor 4 instead of 3). The logit layer 2shV,
-    tied or not, is never recomputed (factor 3). Elementwise work (norms, activations, softmax,
-    biases, rotary, ALiBi) is ignored and causal attention is counted as dense, as the kernels
-    compute it."""
+    activation recomputation adds one more forward of each recomputed layer (factor 4 instead of
+    3 for all of them with the uniform method, the default of `checkpoint_activations=True`; for
+    the first `num_layers` of each stage with method "block"). The logit layer 2shV, tied or not,
+    is never recomputed (factor 3). Elementwise work (norms, activations, softmax, biases, rotary,
+    ALiBi) is ignored and causal attention is counted as dense, as the kernels compute it."""
     s, h = shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     qkv = 2 * s * h * (a * d + 2 * g * d)
     attention = 4 * s * s * a * d
     projection = 2 * s * a * d * h
-    factor = 4 if checkpoint_activations else 3
-    layers_forward = sum(qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape))
-    return factor * layers_forward + 3 * 2 * s * h * shape.padded_vocab_size
+    per_layer = [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape)]
+    method = (method or "uniform") if checkpoint_activations else None
+    recompute = sum(per_layer[i] for i in recomputed_layers(shape, method, num_layers))
+    return 3 * sum(per_layer) + recompute + 3 * 2 * s * h * shape.padded_vocab_size
 
 
 def gigaflos_no_embeds(samples, seq_length, parameters_no_embedding):

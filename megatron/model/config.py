@@ -21,6 +21,7 @@ class GPTConfig:
     params_dtype: torch.dtype = torch.float32
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1
+    checkpoint_method: str = "uniform"  # uniform: chunks of checkpoint_num_layers; block: the first ones of a stage
     attention_impl: str = "sdpa"  # "math" spells attention out as matmuls (FLOP-countable)
     rope_theta: float = 10000.0   # rotary base (--rotary-position-embeddings-theta)
     moe: MoEOptions = MoEOptions()  # capacity, loss coefficient, ... of the MoE layers (if any)
@@ -31,8 +32,9 @@ class GPTConfig:
                    attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
                    checkpoint_activations=args.checkpoint_activations,
-                   checkpoint_num_layers=args.checkpoint_num_layers, attention_impl=args.attention_impl,
-                   rope_theta=args.rope_theta, moe=MoEOptions.from_args(args))
+                   checkpoint_num_layers=args.checkpoint_num_layers,
+                   checkpoint_method=args.activations_checkpoint_method or "uniform",
+                   attention_impl=args.attention_impl, rope_theta=args.rope_theta, moe=MoEOptions.from_args(args))
 
     def init_method(self):
         std = self.init_method_std

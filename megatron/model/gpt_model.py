@@ -14,7 +14,7 @@ from torch import nn
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
 from .moe import add_moe_loss, pack_moe_loss, record_moe_loss, unpack_moe_loss
-from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpointed
+from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpoint_chunks, checkpointed, run_layers
 
 
 class TransformerLanguageModel(nn.Module):
@@ -126,6 +126,7 @@ class GPTModelPipe(PipelineModule):
         # run would replay the first iterations' dropout masks
         self.seed_layers = False
         self.checkpoint_num_layers = config.checkpoint_num_layers if config.checkpoint_activations else 0
+        self.checkpoint_method = config.checkpoint_method
         self.moe_loss = moe_loss
         self.is_moe = shape.is_moe  # whether or not this stage holds an MoE layer
 
@@ -146,24 +147,27 @@ class GPTModelPipe(PipelineModule):
         return output if last else pack_moe_loss(hidden_states, moe_loss)
 
     def _run_stage(self, state):
-        """With --checkpoint-activations every run of `checkpoint_num_layers` transformer layers
-        is recomputed in backward. DeepSpeed's own interval chunking would count the embedding,
-        the final LayerNorm and the output layer into the chunks and then recompute none of a
-        chunk that touches them (with 2 layers and k = 2, nothing at all), so every transformer
-        layer is recomputed here, as the FLOPs formula and the non-pipeline model assume."""
+        """With activation checkpointing the stage's transformer layers run in the chunks of
+        `checkpoint_chunks` (uniform: every run of `checkpoint_num_layers` layers recomputed in
+        backward; block: the stage's first `checkpoint_num_layers` layers). DeepSpeed's own interval
+        chunking would count the embedding, the final LayerNorm and the output layer into the chunks
+        and then recompute none of a chunk that touches them (with 2 layers and k = 2, nothing at
+        all), so the chunks are cut here over transformer layers only, as the FLOPs formula and the
+        non-pipeline model assume."""
         if not (self.checkpoint_num_layers and torch.is_grad_enabled()):
             return super().forward(state)
-        funcs, i = self.forward_funcs, 0
+        funcs = self.forward_funcs
+        layers = [i for i, f in enumerate(funcs) if isinstance(f, ParallelTransformerLayerPipe)]
+        chunks = {layers[start]: (layers[end - 1] + 1, recomputed) for start, end, recomputed in
+                  checkpoint_chunks(len(layers), self.checkpoint_method, self.checkpoint_num_layers)}
+        i = 0
         while i < len(funcs):
-            if not isinstance(funcs[i], ParallelTransformerLayerPipe):
+            if i not in chunks:
                 state = funcs[i](state)
                 i += 1
                 continue
-            end = i
-            while end < min(len(funcs), i + self.checkpoint_num_layers) and \
-                    isinstance(funcs[end], ParallelTransformerLayerPipe):
-                end += 1
-            state = checkpointed(funcs[i:end], state)
+            end, recomputed = chunks[i]
+            state = checkpointed(funcs[i:end], state) if recomputed else run_layers(funcs[i:end], state)
             i = end
         return state
 

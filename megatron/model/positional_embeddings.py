@@ -1,24 +1,29 @@
 """Positions without a learned table: rotary embeddings (Su et al.) applied to q and k of every
-head over the full head dim, and ALiBi (Press et al.) biases with one slope per head. Both are
+head over its first rotary_dim channels (the full head dim, or Microsoft's --rotary-percent share,
+the rest passing through as in GPT-NeoX / GPT-J), and ALiBi (Press et al.) biases with one slope per head. Both are
 parameter-free and elementwise (not counted as FLOPs)."""
 import math
 
 import torch
 
 
-def rotary_tables(seq_length, head_dim, theta, device):
-    """cos, sin [s, d] for channel pairs (i, i + d/2), the GPT-NeoX / LLaMA "rotate half" layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+def rotary_tables(seq_length, rotary_dim, theta, device):
+    """cos, sin [s, r] for channel pairs (i, i + r/2) of the r rotated channels, the GPT-NeoX / LLaMA
+    "rotate half" layout; the frequencies are spaced over r, not the head dim (as both do)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim))
     angles = torch.outer(torch.arange(seq_length, dtype=torch.float32, device=device), inv_freq)  # [s, d/2]
     angles = torch.cat((angles, angles), dim=-1)                                                     # [s, d]
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x, cos, sin):
-    """x [b, heads, s, d] rotated by position; computed in fp32, returned in x's dtype."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    """x [b, heads, s, d]: its first r = cos.size(-1) channels rotated by position, the other d - r
+    unchanged; computed in fp32, returned in x's dtype."""
+    r = cos.size(-1)
+    x_rot, x_pass = x.float()[..., :r], x[..., r:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
-    return (x.float() * cos + rotated * sin).to(x.dtype)
+    return torch.cat(((x_rot * cos + rotated * sin).to(x.dtype), x_pass), dim=-1)
 
 
 def alibi_slopes(num_heads):

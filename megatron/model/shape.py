@@ -80,10 +80,12 @@ class ModelShape:
     ffn_hidden_size: int = None          # default 4 x hidden size (--swiglu: swiglu_ffn_hidden_size)
     max_position_embeddings: int = None  # default seq length; bounds the sequence with any positions
     make_vocab_size_divisible_by: int = 128
+    pad_vocab_size_to: int = None        # BigScience's --pad-vocab-size-to: exactly this many rows
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     # architecture variants (GPT-2 when left at their defaults)
     position_embedding_type: str = "absolute"  # absolute (learned table), rotary, alibi, none
+    rotary_percent: float = 1.0                # rotary on the first int(head dim x this) channels of a head
     glu_activation: str = None                 # None: GeLU MLP; else dense_h_to_4h has 2 x ffn outputs
     swiglu: bool = False                       # --swiglu: glu_activation swiglu, and its ffn default
     normalization: str = "layernorm"           # or rmsnorm (weight only)
@@ -153,6 +155,13 @@ class ModelShape:
                              f"use a TP size that divides the key/value head count (multi-query attention needs TP=1)")
         require(self.position_embedding_type != "rotary" or self.kv_channels % 2 == 0,
                 f"--kv-channels {self.kv_channels} is odd: rotary embeddings rotate pairs of channels")
+        require(0 < self.rotary_percent <= 1, f"--rotary-percent {self.rotary_percent} must be in (0, 1]")
+        if self.position_embedding_type == "rotary":
+            rd = self.rotary_dim
+            require(rd > 0 and rd % 2 == 0,
+                    f"--rotary-percent {self.rotary_percent} of head dim {self.kv_channels} gives {rd} rotary "
+                    f"channels: rotary rotates pairs of channels, so int(head dim x p) must be even and > 0")
+        self._validate_pad_vocab()
         require(self.ffn_hidden_size % tp == 0,
                 f"--ffn-hidden-size {self.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
         require(self.num_layers >= pp,
@@ -162,6 +171,21 @@ class ModelShape:
                 f"--seq-length {self.seq_length} exceeds --max-position-embeddings "
                 f"{self.max_position_embeddings}: raise --max-position-embeddings or shorten the sequence")
         self._validate_moe()
+
+    def _validate_pad_vocab(self):
+        """BigScience's rule (its tokenizer.py) plus the TP split that VocabParallelEmbedding needs."""
+        n = self.pad_vocab_size_to
+        if n is None:
+            return
+        require_positive("--pad-vocab-size-to", n)
+        require(n % self.make_vocab_size_divisible_by == 0,
+                f"--pad-vocab-size-to {n} is not divisible by --make-vocab-size-divisible-by "
+                f"{self.make_vocab_size_divisible_by}: choose a multiple of it")
+        tp = self.tensor_model_parallel_size
+        require(n % tp == 0, f"--pad-vocab-size-to {n} is not divisible by --tensor-model-parallel-size {tp}: "
+                             f"every TP rank holds the same number of vocab rows")
+        require(self.vocab_size is None or n >= self.vocab_size,
+                f"--pad-vocab-size-to {n} is below the tokenizer's {self.vocab_size} tokens: pad to at least that")
 
     def _validate_moe(self):
         object.__setattr__(self, "num_experts", tuple(self.num_experts))
@@ -203,9 +227,11 @@ class ModelShape:
                    vocab_size=vocab_size, ffn_hidden_size=args.ffn_hidden_size,
                    max_position_embeddings=args.max_position_embeddings,
                    make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+                   pad_vocab_size_to=getattr(args, "pad_vocab_size_to", None),
                    tensor_model_parallel_size=args.tensor_model_parallel_size,
                    pipeline_model_parallel_size=args.pipeline_model_parallel_size,
                    position_embedding_type=_position_embedding_type(args),
+                   rotary_percent=getattr(args, "rotary_percent", 1.0),
                    glu_activation=args.glu_activation, swiglu=args.swiglu, normalization=args.normalization,
                    embed_layernorm=args.embed_layernorm, add_bias_linear=args.add_bias_linear,
                    num_key_value_heads=_num_key_value_heads(args), kv_channels=args.kv_channels,
@@ -215,11 +241,19 @@ class ModelShape:
     @property
     def padded_vocab_size(self):
         assert self.vocab_size is not None, "the vocab size is not known yet (build the tokenizer first)"
+        if self.pad_vocab_size_to is not None:
+            return self.pad_vocab_size_to
         return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, self.tensor_model_parallel_size)
 
     @property
     def head_dim(self):
         return self.kv_channels
+
+    @property
+    def rotary_dim(self):
+        """Channels of each head that rotary rotates (Microsoft's --rotary-percent: int(d x p)); the
+        rest pass through unrotated."""
+        return int(self.kv_channels * self.rotary_percent)
 
     @property
     def glu(self):
@@ -241,6 +275,8 @@ class ModelShape:
         untied, no bias"."""
         positions = {"absolute": "learned positions", "none": "no positions"}.get(self.position_embedding_type,
                                                                                   self.position_embedding_type)
+        if self.position_embedding_type == "rotary" and self.rotary_percent != 1:
+            positions += f" on {self.rotary_dim} of {self.kv_channels} channels"
         a, g = self.num_attention_heads, self.num_key_value_heads
         heads = f"{a} heads" if g == a else f"{a} query / {g} kv heads"
         if self.kv_channels * a != self.hidden_size:
@@ -252,7 +288,7 @@ class ModelShape:
         return ", ".join(parts)
 
 
-VARIANT_FIELDS = ("position_embedding_type", "glu_activation", "normalization", "embed_layernorm",
+VARIANT_FIELDS = ("position_embedding_type", "rotary_percent", "glu_activation", "normalization", "embed_layernorm",
                   "add_bias_linear", "num_key_value_heads", "kv_channels", "untie_embeddings_and_output_weights")
 
 

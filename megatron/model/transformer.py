@@ -63,6 +63,7 @@ class ParallelAttention(nn.Module):
         self.attention_impl = config.attention_impl
         self.position_embedding_type = shape.position_embedding_type
         self.rope_theta = config.rope_theta
+        self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
         self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
                                                         bias=shape.add_bias_linear, params_dtype=config.params_dtype)
         self.dense = mpu.RowParallelLinear(a * d, h, config.output_init_method(), bias=shape.add_bias_linear,
@@ -113,7 +114,8 @@ class ParallelAttention(nn.Module):
         k, v = mixed[:, :, :, self.group_size], mixed[:, :, :, self.group_size + 1]  # [s, b, ng, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))                # [b, heads, s, hn]
         if self.position_embedding_type == "rotary":
-            cos, sin = self._cached("rotary", s, q, lambda: rotary_tables(s, self.head_dim, self.rope_theta, q.device))
+            cos, sin = self._cached("rotary", s, q,
+                                    lambda: rotary_tables(s, self.rotary_dim, self.rope_theta, q.device))
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         dropout_p = self.dropout_p if self.training else 0.0
         # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
@@ -165,6 +167,16 @@ def checkpointed(layers, state):
     return mpu.checkpoint(lambda *tensors: run_layers(layers, tensors if len(tensors) > 1 else tensors[0]), *inputs)
 
 
+def checkpoint_chunks(num_layers, method, chunk_layers):
+    """[(start, end, recomputed)] covering a stage's `num_layers` transformer layers in order.
+    uniform: chunks of `chunk_layers`, each checkpointed; block: the first `chunk_layers` layers
+    checkpointed one by one, the rest run plainly (Megatron's --activations-checkpoint-method)."""
+    if method == "block":
+        k = min(chunk_layers, num_layers)
+        return [(i, i + 1, True) for i in range(k)] + ([(k, num_layers, False)] if k < num_layers else [])
+    return [(i, min(i + chunk_layers, num_layers), True) for i in range(0, num_layers, chunk_layers)]
+
+
 class ParallelTransformerLayerPipe(ParallelTransformerLayer):
     """The pipeline stage's unit; DeepSpeed partitions stages by counting these
     (`partition_method="type:transformer"`) and checkpoints them. DeepSpeed passes one argument."""
@@ -175,12 +187,13 @@ class ParallelTransformerLayerPipe(ParallelTransformerLayer):
 
 class ParallelTransformer(nn.Module):
     """The non-pipeline stack: layers + final LayerNorm, with optional activation checkpointing
-    of every `checkpoint_num_layers` layers."""
+    (`checkpoint_chunks`)."""
 
     def __init__(self, config, layer_seed_fn=None):
         super().__init__()
         self.checkpoint_activations = config.checkpoint_activations
         self.checkpoint_num_layers = config.checkpoint_num_layers
+        self.checkpoint_method = config.checkpoint_method
         layers = []
         for i in range(config.shape.num_layers):
             if layer_seed_fn is not None:
@@ -196,9 +209,10 @@ class ParallelTransformer(nn.Module):
         """Hidden states after the final norm; an MoE model: (those, moe loss)."""
         state = hidden_states
         if self.checkpoint_activations and self.training:
-            n = len(self.layers)
-            for start in range(0, n, self.checkpoint_num_layers):
-                state = checkpointed(self.layers[start:start + self.checkpoint_num_layers], state)
+            for start, end, recomputed in checkpoint_chunks(len(self.layers), self.checkpoint_method,
+                                                            self.checkpoint_num_layers):
+                layers = self.layers[start:end]
+                state = checkpointed(layers, state) if recomputed else run_layers(layers, state)
         else:
             state = run_layers(self.layers, state)
         if isinstance(state, tuple):

@@ -1,17 +1,19 @@
 """Megatron tokenizers: build one from the command-line arguments."""
 import os
 
+from .external import HF_TYPES, SENTENCEPIECE_TYPES, build_external_tokenizer
 from .gpt2_tokenization import GPT2Tokenizer
 
 EOD_TOKEN = "<|endoftext|>"
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "NullTokenizer")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "NullTokenizer") + HF_TYPES + SENTENCEPIECE_TYPES
 
 
 def build_tokenizer(args):
     """Tokenizer named by args.tokenizer_type; the vocab is left unpadded.
 
     With no --tokenizer-type, GPT2BPETokenizer is used when --vocab-file and
-    --merge-file are both given, NullTokenizer otherwise.
+    --merge-file are both given, NullTokenizer otherwise. The Hugging Face and
+    SentencePiece types load their optional library only when asked for.
     """
     vocab_file = getattr(args, "vocab_file", None)
     merge_file = getattr(args, "merge_file", None)
@@ -22,6 +24,8 @@ def build_tokenizer(args):
         return _GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type == "NullTokenizer":
         return _NullTokenizer(getattr(args, "vocab_size", None))
+    if tokenizer_type in HF_TYPES + SENTENCEPIECE_TYPES:
+        return build_external_tokenizer(args, tokenizer_type)
     raise ValueError(f"--tokenizer-type {tokenizer_type!r} is not supported; use one of {', '.join(TOKENIZER_TYPES)}")
 
 

@@ -1,0 +1,41 @@
+"""Flags that the forks' published launch scripts pass and that change neither the model nor the
+training here: each is accepted so the script runs unchanged, and the ones a user actually passed
+are named in one startup line on rank 0 (README, "Flags accepted with no effect", says why each
+has no effect). A flag that changes what is trained or what a user reads is never listed here."""
+
+# flag -> why it has no effect in this trainer (README's table says the same in more words)
+NO_EFFECT = {
+    "--no-masked-softmax-fusion": "no fused kernels are used",
+    "--no-bias-gelu-fusion": "no fused kernels are used",
+    "--no-bias-dropout-fusion": "no fused kernels are used",
+    "--no-gradient-accumulation-fusion": "no fused kernels are used",
+    "--abort-on-unmet-fused-kernel-constraints": "no fused softmax kernel exists to abort for",
+    "--DDP-impl": "DeepSpeed reduces the gradients",
+    "--no-save-optim": "DeepSpeed's save_checkpoint always writes the optimizer state",
+    "--tensorboard-log-interval": "TensorBoard is written every --log-interval",
+    "--data-impl": "only the mmap format exists",
+    "--pp-partition-method": "stages are balanced by transformer layers",
+    "--codecarbon-dir": "the fork's own CodeCarbon tracker is a no-op",
+    "--no-async-tensor-model-parallel-allreduce": "an overlap of communication and compute",
+    "--use-flash-attn": "attention is exact either way",
+    "--use-flash-attn-v2": "attention is exact either way",
+    "--use-flash-attn-triton": "attention is exact either way",
+    "--no-query-key-layer-scaling": "query-key layer scaling is never applied here",
+    "--sequence-parallel": "Megatron's activation sharding over TP ranks: same model, same math",
+    "--ds-sequence-parallel-size": "1 is no sequence parallelism (larger sizes are refused)",
+}
+
+
+def given_flags(parser, argv):
+    """The option strings in `argv` as the user spelled them (`--flag=value` included)."""
+    known = parser._option_string_actions
+    names = [str(tok).split("=", 1)[0] for tok in argv]
+    return [name for name in names if name.startswith("--") and name in known]
+
+
+def no_effect_line(args):
+    """'accepted, no effect: --a, --b' for the flags of NO_EFFECT the user passed, or None."""
+    passed = [flag for flag in dict.fromkeys(getattr(args, "given_flags", ())) if flag in NO_EFFECT]
+    if not passed:
+        return None
+    return "accepted, no effect: " + ", ".join(passed) + " (README.md, 'Flags accepted with no effect', says why)"

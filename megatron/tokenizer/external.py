@@ -1,0 +1,164 @@
+"""Tokenizers from other libraries, as the two Megatron-DeepSpeed forks load them:
+
+  PretrainedFromHF           (BigScience) --tokenizer-name-or-path DIR: transformers.AutoTokenizer;
+                             vocab size len(tokenizer) (added tokens included); EOD = its eos token
+  HFTokenizer                (Microsoft)  --tokenizer-model DIR: transformers.AutoTokenizer with the
+                             special tokens it lacks added as the fork adds them; vocab size
+                             tokenizer.vocab_size (the base vocab, added tokens excluded); EOD = eos
+  GPTSentencePieceTokenizer  (Microsoft)  --tokenizer-model FILE: sentencepiece; vocab size its piece
+                             count; EOD = its eos id
+
+The libraries are optional (setup.py extras "hf" and "sentencepiece"): imported only when such a
+tokenizer is asked for. Nothing is downloaded: a name that is not a local path is refused.
+`vocab_size_without_torch` gives the same sizes from the files for tools/param_count.py, which
+must not import torch (transformers does)."""
+import json
+import os
+
+HF_TYPES = ("PretrainedFromHF", "HFTokenizer")
+SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer",)
+# which flag names the tokenizer's files, per type (the forks' spellings)
+PATH_FLAG = {"PretrainedFromHF": "--tokenizer-name-or-path", "HFTokenizer": "--tokenizer-model",
+             "GPTSentencePieceTokenizer": "--tokenizer-model"}
+# the special tokens Microsoft's HFTokenizer adds when a tokenizer lacks them
+HF_DEFAULT_SPECIAL_TOKENS = {"pad_token": "[PAD]", "eos_token": "</s>", "bos_token": "<s>", "unk_token": "<unk>"}
+
+
+def tokenizer_path(args, tokenizer_type):
+    """The local file or directory of an external tokenizer, checked; ValueError names the flag."""
+    flag = PATH_FLAG[tokenizer_type]
+    path = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    if not path:
+        raise ValueError(f"--tokenizer-type {tokenizer_type} needs {flag} (a local "
+                         f"{'model file' if tokenizer_type in SENTENCEPIECE_TYPES else 'tokenizer directory'})")
+    if not os.path.exists(path):
+        raise ValueError(f"{flag} {path}: not a local file or directory; nothing is downloaded here (no network): "
+                         f"save the tokenizer to a directory first (e.g. huggingface-cli download NAME "
+                         f"--local-dir DIR) and pass DIR")
+    if tokenizer_type in SENTENCEPIECE_TYPES and not os.path.isfile(path):
+        raise ValueError(f"{flag} {path}: not a file; pass the SentencePiece .model file")
+    return path
+
+
+def _import(module, extra):
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ValueError(f"this tokenizer needs the '{module}' package: pip install {module} "
+                         f"(or pip install -e .[{extra}])") from None
+
+
+class HFTokenizerWrapper:
+    """A transformers tokenizer behind Megatron's tokenizer interface."""
+
+    def __init__(self, tokenizer_type, path, trust_remote_code=False):
+        transformers = _import("transformers", "hf")
+        transformers.utils.logging.set_verbosity_error()  # one line per rank otherwise
+        self.name = tokenizer_type
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                                    local_files_only=True)
+        if tokenizer_type == "HFTokenizer":
+            missing = {k: v for k, v in HF_DEFAULT_SPECIAL_TOKENS.items() if getattr(self.tokenizer, k) is None}
+            if missing:
+                self.tokenizer.add_special_tokens(missing)
+            # Microsoft's fork sizes the embedding from the base vocab; added tokens must fit in the padding
+            self.vocab_size = self.tokenizer.vocab_size
+        else:
+            self.vocab_size = len(self.tokenizer)
+        if self.tokenizer.eos_token_id is None:
+            raise ValueError(f"{PATH_FLAG[tokenizer_type]} {path}: the tokenizer has no eos token; it is "
+                             f"needed as the end-of-document id")
+        self.eod = self.tokenizer.eos_token_id
+
+    @property
+    def vocab(self):
+        return self.tokenizer.get_vocab()
+
+    @property
+    def inv_vocab(self):
+        return {i: t for t, i in self.vocab.items()}
+
+    def tokenize(self, text):
+        # as both forks call it: the tokenizer's own special-token template applies
+        return self.tokenizer.encode(text)
+
+    def detokenize(self, token_ids):
+        return self.tokenizer.decode(token_ids)
+
+
+class SentencePieceWrapper:
+    """A SentencePiece model behind Megatron's tokenizer interface (Microsoft's GPT variant:
+    plain ids, no BOS / EOS added by tokenize; EOD is the model's eos)."""
+
+    name = "GPTSentencePieceTokenizer"
+
+    def __init__(self, path):
+        sentencepiece = _import("sentencepiece", "sentencepiece")
+        self.tokenizer = sentencepiece.SentencePieceProcessor(model_file=path)
+        self.vocab_size = self.tokenizer.get_piece_size()
+        if self.tokenizer.eos_id() < 0:
+            raise ValueError(f"--tokenizer-model {path}: the SentencePiece model has no eos piece (trained with "
+                             f"eos_id=-1); it is needed as the end-of-document id")
+        self.eod = self.tokenizer.eos_id()
+
+    @property
+    def vocab(self):
+        return {self.tokenizer.id_to_piece(i): i for i in range(self.vocab_size)}
+
+    @property
+    def inv_vocab(self):
+        return {i: self.tokenizer.id_to_piece(i) for i in range(self.vocab_size)}
+
+    def tokenize(self, text):
+        return self.tokenizer.encode_as_ids(text)
+
+    def detokenize(self, token_ids):
+        return self.tokenizer.decode_ids(list(token_ids))
+
+
+def build_external_tokenizer(args, tokenizer_type):
+    path = tokenizer_path(args, tokenizer_type)
+    if tokenizer_type in HF_TYPES:
+        return HFTokenizerWrapper(tokenizer_type, path, getattr(args, "trust_remote_code", False))
+    return SentencePieceWrapper(path)
+
+
+def vocab_size_without_torch(args, tokenizer_type):
+    """The vocab size the trainer's tokenizer will report, read from the files with the
+    `tokenizers` / `sentencepiece` libraries (neither imports torch). For the HF types it reads
+    DIR/tokenizer.json (a fast tokenizer's one file); HFTokenizer counts the base vocab, which
+    the special tokens the fork adds do not change."""
+    path = tokenizer_path(args, tokenizer_type)
+    flag = PATH_FLAG[tokenizer_type]
+    if tokenizer_type in SENTENCEPIECE_TYPES:
+        sentencepiece = _import("sentencepiece", "sentencepiece")
+        return sentencepiece.SentencePieceProcessor(model_file=path).get_piece_size()
+    tokenizer_json = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(tokenizer_json):
+        raise ValueError(f"{flag} {path}: no tokenizer.json to count the vocab from; pass --vocab-size "
+                         f"len(tokenizer) instead")
+    tokenizers = _import("tokenizers", "hf")
+    try:
+        tokenizer = tokenizers.Tokenizer.from_file(tokenizer_json)
+    except Exception as e:  # the library's own parse error, as one line
+        raise ValueError(f"{flag} {path}: {tokenizer_json} is not a tokenizers file ({e})") from None
+    if tokenizer_type == "HFTokenizer":
+        return tokenizer.get_vocab_size(with_added_tokens=False)
+    return tokenizer.get_vocab_size(with_added_tokens=True) + len(_config_tokens_missing(path, tokenizer))
+
+
+def _config_tokens_missing(path, tokenizer):
+    """Special tokens that tokenizer_config.json names but tokenizer.json lacks: transformers adds
+    them on load, so len(tokenizer) counts them."""
+    config_file = os.path.join(path, "tokenizer_config.json") if os.path.isdir(path) else None
+    if not config_file or not os.path.isfile(config_file):
+        return set()
+    with open(config_file, encoding="utf-8") as f:
+        config = json.load(f)
+    named = [config.get(k) for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                     "cls_token", "mask_token")]
+    for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict
+        extra = config.get(key) or []
+        named += list(extra.values()) if isinstance(extra, dict) else list(extra)
+    named = {t["content"] if isinstance(t, dict) else t for t in named if t}
+    return {t for t in named if tokenizer.token_to_id(t) is None}

@@ -1,0 +1,457 @@
+"""The forks' published launch scripts run unchanged (tests/data/published_scripts/*.txt: each
+script's flags as it passes them to pretrain_gpt.py, its source in the file's first line): every
+flag parses with the trainer's parser, and tools/param_count.py takes the whole list. Plus the
+one-line errors that real scripts run into, the startup line naming the flags accepted with no
+effect (and a run showing they change nothing), and --clip-grad under a ds_config."""
+import contextlib
+import glob
+import importlib.util
+import io
+import json
+import os
+
+import pytest
+
+from distributed import run_distributed
+from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCRIPTS = sorted(glob.glob(os.path.join(HERE, "data", "published_scripts", "*.txt")))
+
+def load(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0].startswith("# source: https://github.com/"), path
+    return [line for line in lines if not line.startswith("#")]
+
+
+def with_local_tokenizer(argv, hf_tokenizer_dir, sentencepiece_model):
+    """The scripts name hub tokenizers (`t5-small`, BigScience's 250k BPE) and cluster paths; nothing
+    is downloaded here, so those point at the small tokenizers tests/conftest.py trains instead."""
+    out = list(argv)
+    for flag, path in (("--tokenizer-name-or-path", hf_tokenizer_dir), ("--tokenizer-model", sentencepiece_model)):
+        if flag in out:
+            out[out.index(flag) + 1] = str(path)
+    return out
+
+
+def param_count_module():
+    spec = importlib.util.spec_from_file_location("param_count", os.path.join(ROOT, "tools", "param_count.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def for_the_tool(argv):
+    """The scripts' cluster paths to the bundled GPT-2 files."""
+    out = list(argv)
+    for flag, path in (("--vocab-file", "data/gpt2-vocab.json"), ("--merge-file", "data/gpt2-merges.txt")):
+        if flag in out:
+            out[out.index(flag) + 1] = os.path.join(ROOT, path)
+    return out
+
+
+def test_the_collection():
+    """Both forks, each family the README names: BLOOM (176B, 7b1), the 104B and 13B runs, the 1B3
+    architecture experiments, LLaMA-2, MoE and PR-MoE, rotary-percent, flash attention, Ulysses and
+    long sequences, universal checkpointing, GPT-3 175B on Azure."""
+    assert len(SCRIPTS) == 23
+    sources = {"/".join(open(p).readline().split("/")[3:5]) for p in SCRIPTS}
+    assert sources == {"bigscience-workshop/bigscience", "bigscience-workshop/Megatron-DeepSpeed",
+                       "microsoft/Megatron-DeepSpeed"}
+    for path in SCRIPTS:
+        argv = load(path)
+        assert argv[0].startswith("--") and len(argv) > 40, path
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[os.path.basename(p)[:-4] for p in SCRIPTS])
+def test_every_flag_parses(path, capsys):
+    from megatron.arguments import build_parser, validate_flag_values
+    argv = load(path)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(capsys.readouterr().err.strip().splitlines()[-1])
+    validate_flag_values(args)  # every single-flag rule holds for the published values
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[os.path.basename(p)[:-4] for p in SCRIPTS])
+def test_param_count_takes_the_whole_list(path, hf_tokenizer_dir, sentencepiece_model):
+    tool = param_count_module()
+    args = tool.parse_args(for_the_tool(with_local_tokenizer(load(path), hf_tokenizer_dir, sentencepiece_model)))
+    assert tool.report(args)[0].startswith("parameters: ")
+
+
+def test_param_count_of_the_13b_script():
+    """tr1-13B: 40 layers, hidden 5120, ffn 20480, seq 2048, TP 2; the bundled vocab's 8192 entries
+    (a multiple of 128 x 2). Per layer: QKV 3h^2 + 3h, dense h^2 + h, MLP 2hf + f + h, two norms 4h."""
+    tool = param_count_module()
+    argv = load(os.path.join(HERE, "data", "published_scripts", "bigscience_tr1_13B.txt"))
+    lines = tool.report(tool.parse_args(for_the_tool(argv)))
+    h, f = 5120, 20480
+    per_layer = 3 * h * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h
+    no_embedding = 40 * per_layer + 2 * h
+    assert lines[:2] == [f"parameters: {no_embedding + (8192 + 2048) * h:,}",
+                         f"parameters without embeddings: {no_embedding:,}"]
+
+
+# --- one line before any heavy work ------------------------------------------------------------
+
+def test_ulysses_sequence_parallelism_is_one_line(entry_point):  # noqa: F811
+    line = check_one_line(entry_point, flags({"--ds-sequence-parallel-size": 4}), 1, "--ds-sequence-parallel-size")
+    assert line == ("pretrain_gpt.py: error: --ds-sequence-parallel-size 4: DeepSpeed-Ulysses sequence parallelism "
+                    "is not supported; use 1 (or drop the flag)")
+
+
+def test_nccl_without_cuda_is_one_line(entry_point):  # noqa: F811
+    line = check_one_line(entry_point, flags({"--distributed-backend": "nccl"}), 1, "--distributed-backend nccl")
+    assert "needs CUDA devices" in line
+
+
+@pytest.mark.parametrize("ranges, message", [
+    (["5-3"], "--skip-train-iteration-range 5-3: needs 1 <= START <= END"),
+    (["12"], "--skip-train-iteration-range 12: give START-END, e.g. 101-200"),
+])
+def test_bad_skip_range_is_one_line(ranges, message, entry_point):  # noqa: F811
+    line = check_one_line(entry_point, flags({"--skip-train-iteration-range": ranges}), 1,
+                          "--skip-train-iteration-range")
+    assert line == f"pretrain_gpt.py: error: {message}"
+
+
+def test_tp_sync_with_zero3_is_one_line(entry_point):  # noqa: F811
+    line = check_one_line(entry_point, flags({"--sync-tp-duplicated-parameters": None, "--zero-stage": 3,
+                                              "--no-pipeline-parallel": None}), 1, "--sync-tp-duplicated-parameters")
+    assert "ZeRO stage 3" in line
+
+
+def test_ds_config_key_deepspeed_rejects_is_one_line(entry_point, tmp_path):  # noqa: F811
+    """Microsoft's MoE template (examples_deepspeed/MoE/ds_config_gpt_TEMPLATE.json) rendered as its
+    script renders it. What the installed DeepSpeed says about it, asked directly:"""
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 10,
+              "zero_optimization": {"stage": 0}, "gradient_clipping": 1.0, "prescale_gradients": True,
+              "curriculum_learning": {"enabled": False, "curriculum_type": "seqlen", "min_difficulty": 80,
+                                      "max_difficulty": 2048, "schedule_type": "fixed_linear",
+                                      "schedule_config": {"total_curriculum_step": 1000, "difficulty_step": 8}},
+              "wall_clock_breakdown": False}
+    with pytest.raises(Exception) as rejected:
+        DeepSpeedConfig(config)
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    line = check_one_line(entry_point, flags({"--deepspeed_config": path}), 1, "--deepspeed_config")
+    assert line == (f"pretrain_gpt.py: error: --deepspeed_config {path}: DeepSpeed {deepspeed.__version__} "
+                    f"rejects it: {str(rejected.value).splitlines()[0]}")
+    assert "curriculum_learning" in line
+
+
+def test_param_count_applies_the_trainers_rampup_rule(capsys):
+    """The trainer refuses this ramp-up (test_flag_validation: "rampup vs micro x dp"); so does the tool."""
+    tool = param_count_module()
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+                   "--vocab-size", "600", "--micro-batch-size", "2", "--global-batch-size", "16",
+                   "--rampup-batch-size", "4", "4", "100", "--num-gpus", "4"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "param_count.py: error: --rampup-batch-size: start batch 4 is not divisible by --micro-batch-size 2 x "
+        "data-parallel size 4"]
+
+
+# --- accepted with no effect: named once, and the run is the same -------------------------------
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters",
+        "4", "--lr", "1e-3", "--mock-data", "--vocab-size", "600", "--log-interval", "1", "--eval-interval", "2",
+        "--eval-iters", "1", "--seed", "7"]
+NO_EFFECT = ["--use-flash-attn", "--codecarbon-dir", "codecarbon", "--no-query-key-layer-scaling",
+             "--abort-on-unmet-fused-kernel-constraints", "--no-async-tensor-model-parallel-allreduce",
+             "--use-flash-attn-triton", "--use-flash-attn-v2", "--sequence-parallel", "--ds-sequence-parallel-size",
+             "1", "--no-masked-softmax-fusion", "--DDP-impl", "local"]
+# implemented flags passed with the same values, to show they are not in the line either
+IMPLEMENTED = ["--log-level", "info", "--log-level-replica", "error", "--valid-num-workers", "0"]
+
+
+def _train(argv):
+    import pretrain_gpt
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        pretrain_gpt.main(argv)
+    return out.getvalue()
+
+
+def _both(with_flags, without):
+    return _train(with_flags), _train(without)
+
+
+def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron.launch import logged_iterations
+    tensorboard = ["--tensorboard-dir", str(tmp_path / "tb"), "--log-optimizer-states-to-tensorboard"]
+    with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED + tensorboard, TINY)[0]
+    line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, --no-query-key-layer-scaling, "
+            "--abort-on-unmet-fused-kernel-constraints, --no-async-tensor-model-parallel-allreduce, "
+            "--use-flash-attn-triton, --use-flash-attn-v2, --sequence-parallel, --ds-sequence-parallel-size, "
+            "--no-masked-softmax-fusion, --DDP-impl (README.md, 'Flags accepted with no effect', says why)")
+    assert with_flags.splitlines().count(line) == 1
+    assert "accepted, no effect" not in without
+    runs = [logged_iterations(out) for out in (with_flags, without)]
+    assert sorted(runs[0]) == [1, 2, 3, 4]
+    for it in range(1, 5):  # same losses and gradient norms, iteration by iteration
+        assert (runs[0][it]["lm loss"], runs[0][it]["grad norm"]) == (runs[1][it]["lm loss"], runs[1][it]["grad norm"])
+    validation = [[ln for ln in out.splitlines() if "validation loss at" in ln] for out in (with_flags, without)]
+    assert len(validation[0]) == 4 and validation[0] == validation[1]  # iterations 2, 4, the end, test
+    # the optimizer states went to TensorBoard under the fork's tags, every log interval
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    for name in ("variance", "variance_sqrt", "momentum", "weight"):
+        for kind in ("l2", "l1", "abs_max"):
+            assert [e.step for e in events.Scalars(f"optimizer/{name}_{kind}")] == [1, 2, 3, 4]
+            assert [e.step for e in events.Scalars(f"optimizer/{name}_{kind} vs tokens")] == [128, 256, 384, 512]
+    assert all(e.value > 0 for e in events.Scalars("optimizer/momentum_l2"))
+
+
+# --- --clip-grad with a ds_config: DeepSpeed's clipping, as in both forks -------------------------
+
+CLIP_FLAG = 0.05
+STEP = ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 32,
+        "--micro-batch-size", 2, "--global-batch-size", 2, "--train-iters", 1, "--lr", 1.0, "--lr-decay-style",
+        "constant", "--optimizer", "sgd", "--sgd-momentum", 0, "--weight-decay", 0, "--clip-grad", CLIP_FLAG,
+        "--mock-data", "--vocab-size", 600, "--hidden-dropout", 0, "--attention-dropout", 0, "--eval-iters", 0]
+
+
+def _one_step(config_path):
+    """One SGD step at lr 1 without momentum: the update is the (clipped) gradient."""
+    import torch
+
+    import pretrain_gpt
+    from megatron import training
+    from megatron.engine import engine_steps
+    from megatron.initialize import initialize_megatron
+    from megatron.training_state import TrainingProgress
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        args = initialize_megatron(args_list=[str(f) for f in STEP] + (
+            ["--deepspeed_config", config_path] if config_path else []))
+        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    progress = TrainingProgress()
+    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
+                                                     progress, pretrain_gpt.get_batch)
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    engine.train()
+    training.train_step(engine_steps(engine, pretrain_gpt.forward_step, args), lr_scheduler, calculator, train_iter,
+                        progress, args)
+    update = torch.stack([(p.detach() - b).norm() for p, b in zip(engine.module.parameters(), before)]).norm()
+    return {"grad_norm": float(engine.get_global_grad_norm()), "update_norm": float(update),
+            "lines": [ln for ln in out.getvalue().splitlines() if ln.startswith("--clip-grad")]}
+
+
+def _three(no_clipping, absent):
+    return _one_step(no_clipping), _one_step(absent), _one_step(None)
+
+
+def test_clip_grad_under_a_ds_config_follows_the_forks(tmp_path):
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+    no_clipping, absent = tmp_path / "no_clipping.json", tmp_path / "absent.json"
+    no_clipping.write_text(json.dumps({"gradient_clipping": 0.0}))
+    absent.write_text(json.dumps({"zero_optimization": {"stage": 0}}))
+    [(unclipped, default, flag_only)] = run_distributed(1, _three, str(no_clipping), str(absent))
+    # gradient_clipping 0: nothing clips, --clip-grad 0.05 included; the update is the whole gradient
+    grad = unclipped["grad_norm"]
+    assert grad > 2 * CLIP_FLAG
+    assert unclipped["update_norm"] == pytest.approx(grad, rel=1e-5)
+    assert unclipped["lines"] == [f"--clip-grad {CLIP_FLAG} is not used: DeepSpeed clips at 0.0 (the ds_config's "
+                                  f"gradient_clipping), as in Megatron-DeepSpeed"]
+    # no gradient_clipping in the ds_config: DeepSpeed's own default clips (the same model and
+    # data, so the same gradient as the unclipped run), not --clip-grad
+    assert default["grad_norm"] == pytest.approx(grad, rel=1e-6)
+    assert default["update_norm"] == pytest.approx(min(grad, GRADIENT_CLIPPING_DEFAULT), rel=1e-5)
+    assert default["lines"] == [f"--clip-grad {CLIP_FLAG} is not used: DeepSpeed clips at "
+                                f"{float(GRADIENT_CLIPPING_DEFAULT)} (the ds_config's gradient_clipping, absent: "
+                                f"DeepSpeed default), as in Megatron-DeepSpeed"]
+    # no ds_config at all: the flag is the only clipping there is
+    assert flag_only["update_norm"] == pytest.approx(CLIP_FLAG, rel=1e-4)
+    assert flag_only["lines"] == []
+
+
+# --- --sync-tp-duplicated-parameters: TP ranks that drifted apart meet at their mean -------------
+
+def _sync_at_tp2():
+    import torch
+
+    import pretrain_gpt
+    from megatron import mpu, training
+    from megatron.initialize import initialize_megatron
+    from megatron.training_state import TrainingProgress
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = initialize_megatron(args_list=[str(f) for f in STEP] + [
+            "--tensor-model-parallel-size", "2", "--no-pipeline-parallel", "--sync-tp-duplicated-parameters",
+            "--log-level", "debug", "--log-level-replica", "error"])
+        engine, _, _ = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    import logging
+
+    from deepspeed.utils import logger as deepspeed_logger
+    levels = {name: logger.getEffectiveLevel() for name, logger in (
+        ("deepspeed", deepspeed_logger), ("megatron", logging.getLogger("megatron.training")))}
+    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
+                                                     TrainingProgress(), pretrain_gpt.get_batch)
+    tokens, (labels, mask) = next(train_iter)
+    named = dict(engine.module.named_parameters())
+    duplicated = sorted(n for n, p in named.items() if not getattr(p, "tensor_model_parallel", False))
+    in_sync = {n: p.detach().clone() for n, p in named.items()}
+    with torch.no_grad():
+        engine.module(tokens, labels, mask)
+    unchanged = all(torch.equal(in_sync[n], p) for n, p in named.items())
+    with torch.no_grad():  # TP rank 1 drifts: every duplicated parameter off by rank-1 noise
+        for n in duplicated:
+            if mpu.get_tensor_model_parallel_rank() == 1:
+                named[n].add_(torch.randn(named[n].shape, generator=torch.Generator().manual_seed(3)))
+        drifted = {n: named[n].detach().clone() for n in duplicated}
+        engine.module(tokens, labels, mask)
+    return {"levels": levels, "duplicated": duplicated, "unchanged_in_sync": unchanged, "drifted": drifted,
+            "after": {n: named[n].detach().clone() for n in duplicated}}
+
+
+def test_sync_tp_duplicated_parameters_averages_drifted_copies_and_log_levels():
+    import torch
+    import logging
+    rank0, rank1 = run_distributed(2, _sync_at_tp2, tp=2)
+    # --log-level debug on rank 0, --log-level-replica error on the other (the same launch)
+    assert rank0["levels"] == {"deepspeed": logging.DEBUG, "megatron": logging.DEBUG}
+    assert rank1["levels"] == {"deepspeed": logging.ERROR, "megatron": logging.ERROR}
+    assert rank0["unchanged_in_sync"] and rank1["unchanged_in_sync"]  # copies that agree stay bit for bit
+    # the norms, row-parallel biases and position table are what TP duplicates
+    assert any(n.endswith("input_layernorm.weight") for n in rank0["duplicated"])
+    assert any(n.endswith("dense.bias") for n in rank0["duplicated"])
+    for n in rank0["duplicated"]:
+        assert not torch.equal(rank0["drifted"][n], rank1["drifted"][n])
+        mean = (rank0["drifted"][n] + rank1["drifted"][n]) / 2
+        torch.testing.assert_close(rank0["after"][n], mean, rtol=0, atol=1e-6)
+        assert torch.equal(rank0["after"][n], rank1["after"][n])
+
+
+# --- --skip-train-iteration-range: the batches of the range are dropped, nothing is trained ------
+
+SKIP_BASE = TINY[:TINY.index("--eval-interval")] + [
+    "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0", "--lr-decay-style", "linear"]
+
+
+def _train_all(argvs):
+    return [_train(argv) for argv in argvs]
+
+
+def test_skipped_iterations_train_nothing_and_drop_their_batches():
+    """Reference without the skip path: LR 1e-3 for the first step, then 0 (linear decay over one
+    iteration to --min-lr 0). Its iterations 2 and 3 change no parameter, so its iteration 4 is the
+    model after one update on batch 4 — what skipping 2-3 must give (no dropout: same math)."""
+    from megatron.launch import logged_iterations
+    skipping, reference = run_distributed(1, _train_all, [
+        SKIP_BASE + ["--lr-decay-iters", "1000", "--skip-train-iteration-range", "3-3", "2-2"],
+        SKIP_BASE + ["--lr-decay-iters", "1"]])[0]
+    assert "skipping iterations 2 to 3 (--skip-train-iteration-range)" in skipping.splitlines()
+    runs = [logged_iterations(out) for out in (skipping, reference)]
+    assert sorted(runs[0]) == [1, 4] and sorted(runs[1]) == [1, 2, 3, 4]
+    for it in (1, 4):
+        assert runs[0][it]["lm loss"] == runs[1][it]["lm loss"]
+        assert runs[0][it]["consumed samples"] == runs[1][it]["consumed samples"] == 4 * it
+    assert runs[0][4]["learning rate"] > 0 == runs[1][4]["learning rate"]  # the skip's own LR did not go to 0
+
+
+# --- --log-optimizer-states-to-tensorboard: Adam's moments, each partition once ------------------
+
+def _optimizer_states(zero_stage):
+    import torch
+
+    import pretrain_gpt
+    from megatron import mpu, training
+    from megatron.engine import engine_steps
+    from megatron.initialize import initialize_megatron
+    from megatron.optimizer_states import optimizer_state_norms
+    from megatron.training_state import TrainingProgress
+
+    argv = [str(f) for f in STEP[:STEP.index("--optimizer")] + STEP[STEP.index("--weight-decay"):]]
+    argv[argv.index("--global-batch-size") + 1], argv[argv.index("--train-iters") + 1] = "4", "2"
+    argv[argv.index("--lr") + 1] = "1e-2"
+    with contextlib.redirect_stdout(io.StringIO()):
+        args = initialize_megatron(args_list=argv + ["--zero-stage", str(zero_stage), "--no-pipeline-parallel"])
+        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    progress = TrainingProgress()
+    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
+                                                     progress, pretrain_gpt.get_batch)
+    engine.train()
+    steps = engine_steps(engine, pretrain_gpt.forward_step, args)
+    for _ in range(2):
+        training.train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+    values = optimizer_state_norms(engine, mpu)
+    if zero_stage:
+        return values
+    # the same quantities straight from torch's AdamW, one flat float64 vector per kind
+    state = engine.optimizer.state
+    params = [p for p in engine.module.parameters()]
+    flat = {"variance": torch.cat([state[p]["exp_avg_sq"].flatten() for p in params]).double()}
+    flat["variance_sqrt"] = flat["variance"].sqrt()
+    flat["momentum"] = torch.cat([state[p]["exp_avg"].flatten() for p in params]).double()
+    flat["weight"] = torch.cat([p.detach().flatten() for p in params]).double()
+    direct = {}
+    for name, t in flat.items():
+        direct.update({f"{name}_l2": float(t.norm()), f"{name}_l1": float(t.abs().sum()),
+                       f"{name}_abs_max": float(t.abs().max())})
+    return values, direct
+
+
+def test_optimizer_states_are_adams_moments_each_partition_once():
+    """DP=1 without ZeRO against torch's AdamW state read directly; ZeRO-1 at DP=2 (each rank holds
+    half of the flat state) against the DP=1 run on the same global batches."""
+    [(plain, direct)] = run_distributed(1, _optimizer_states, 0)
+    assert len(plain) == 12 and plain["variance_l2"] > 0 and plain["momentum_abs_max"] > 0
+    for name, value in direct.items():
+        assert plain[name] == pytest.approx(value, rel=1e-4), name  # float32 norms, per tensor
+    zero1 = run_distributed(2, _optimizer_states, 1)
+    assert zero1[0] == zero1[1]
+    for name, value in plain.items():
+        assert zero1[0][name] == pytest.approx(value, rel=1e-4, abs=1e-12), name
+
+
+# --- --valid-num-workers: the validation split's DataLoader workers --------------------------------
+
+class WhoReads:
+    """A dataset whose samples say who read them: 0 the main process, 1 + id a DataLoader worker."""
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        info = torch.utils.data.get_worker_info()
+        return {"text": np.full(33, 0 if info is None else 1 + info.id, dtype=np.int64)}
+
+
+def _loader_workers(extra):
+    from megatron import training
+    from megatron.arguments import parse_args, validate_args
+    from megatron.training_state import TrainingProgress
+
+    args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
+    args.total_iterations = 4
+    train, valid, test = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
+                                                       TrainingProgress(), lambda batch: batch["text"])
+    # validation and test come as [(group name, iterator)] (one unnamed group without split paths)
+    return [int(next(it).max()) for it in (train, valid[0][1], test[0][1])]
+
+
+def _workers_for_each(extras):
+    import multiprocessing
+    multiprocessing.set_start_method("fork", force=True)  # cheap workers: no fresh interpreter each
+    return [_loader_workers(extra) for extra in extras]
+
+
+def test_valid_num_workers_is_the_validation_loaders():
+    """[train, valid, test] readers: --valid-num-workers moves the validation split alone (as in
+    BigScience); without it validation takes --num-workers."""
+    [runs] = run_distributed(1, _workers_for_each, [[], ["--valid-num-workers", "1"], ["--num-workers", "1"],
+                                                    ["--num-workers", "1", "--valid-num-workers", "0"]])
+    assert runs == [[0, 0, 0], [0, 1, 0], [1, 1, 1], [1, 0, 1]]
