@@ -111,7 +111,7 @@ def _add_training_args(parser):
     g.add_argument("--train-tokens", type=int, default=None,
                    help="also stop once this many tokens (samples x seq length) are consumed (Microsoft's fork)")
     g.add_argument("--exit-interval", type=int, default=None)
-    g.add_argument("--exit-duration-in-mins", type=int, default=None)
+    g.add_argument("--exit-duration-in-mins", type=float, default=None)  # Megatron: int; fractions for short runs
     g.add_argument("--optimizer", type=str, default="adam")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)

@@ -27,8 +27,8 @@ from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
-from megatron.utils import (cache_parameter_counts, compute_parameter_counts, format_parameter_report,
-                            parameter_count_mismatches)
+from megatron.utils import (cache_parameter_counts, check_parameter_counts, compute_parameter_counts,
+                            format_parameter_report)
 
 
 def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_func, batch_fn,
@@ -82,16 +82,13 @@ def setup_model_and_optimizer(model_provider, args):
     if args.sync_tp_duplicated_parameters:
         install_tp_duplicate_sync(model, mpu)
     # the one and only parameter count of the run
-    counts = compute_parameter_counts(model, mpu)
+    counts = compute_parameter_counts(model, mpu, args.model_shape)  # stops on a parameter the table lacks
+    check_parameter_counts(counts, args.model_shape)  # stops on a count that differs from the table's
     cache_parameter_counts(args, counts)
     report = format_parameter_report(counts, args.model_shape, args.data_parallel_size, args.checkpoint_activations,
                                      args.activations_checkpoint_method, args.checkpoint_num_layers)
     for line in report:
         print_rank_0(line)
-    problems = parameter_count_mismatches(counts, args.model_shape)
-    if problems and args.rank == 0:
-        print("WARNING: parameter count disagrees with the analytic formula "
-              "(megatron.model.analytic.analytic_parameter_counts): " + "; ".join(problems), flush=True)
     log_model_size(args, report)
 
     optimizer = build_optimizer(model, args)

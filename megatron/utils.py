@@ -15,6 +15,10 @@ Ownership, so that every parameter of the model is counted exactly once:
   * a ZeRO-3 partitioned parameter counts its full size (`ds_numel`).
 DP replicas hold the same parameters and are not summed.
 
+Each parameter's component is its entry in the parameter table (megatron/model/analytic.py),
+found by name and checked by shape (`match_parameters_to_table`); a parameter the table does not
+list, a shape or a count that differs from the table's stops the run before training.
+
 The analytic side (the same numbers from the shape alone) lives in megatron/model/analytic.py.
 torch is imported lazily: tools/param_count.py uses this module's report without it.
 """
@@ -22,40 +26,71 @@ from megatron.model.analytic import (COMPONENTS, ParameterCounts, StageCount,
                                      analytic_parameter_counts, experts_per_expert_parallel_rank, flops_per_sample)
 
 
-def _component_of_parameters(model):
-    """id(param) -> component, from the module that holds it."""
-    from megatron.model.language_model import Embedding, OutputLayer
-    from megatron.model.layer_norm import LAYER_NORM_TYPES
-    from megatron.model.transformer import ParallelAttention, ParallelMLP
-    from megatron.mpu import VocabParallelEmbedding
+def _expert_parallel_first_experts(model):
+    """id(param) -> global index of the first expert of its MoE layer on this rank (the table names
+    experts by global index; DeepSpeed by local index within the EP rank)."""
+    from megatron.model.moe import mpu_ep_rank_first_expert
+    return {id(p): mpu_ep_rank_first_expert(layer) for layer in _moe_layers(model)
+            for p in layer.deepspeed_moe.experts.parameters()}
 
-    component = {}
-    embeddings = []
-    for module in model.modules():
-        if isinstance(module, ParallelAttention):
-            name = "attention"
-        elif isinstance(module, ParallelMLP):
-            name = "mlp"
-        elif isinstance(module, LAYER_NORM_TYPES):
-            name = "layernorm"  # LayerNorm or RMSNorm
-        elif isinstance(module, VocabParallelEmbedding):
-            name = "word_embeddings"
-        elif isinstance(module, OutputLayer):
-            name = "output_layer"
-        elif isinstance(module, Embedding):
-            embeddings.append(module)
-            continue
-        else:
-            continue
-        for p in module.parameters():
-            component[id(p)] = name
-    for module in embeddings:  # its own norm and table, after the generic LayerNorm rule above
-        for name in ("position_embeddings", "embedding_layernorm"):
-            if getattr(module, name) is not None:
-                for p in getattr(module, name).parameters():
-                    component[id(p)] = name
-    component.update(_moe_component_of_parameters(model))  # MoE: experts, router, PR-MoE's MLP
-    return component
+
+def _table_entry_name(name, first_expert, pipe_shift_after):
+    """A built name as the table names it: a local expert index renamed to the global one; in an
+    MoE GPTModelPipe, the layers after the moe-loss function (a pipe index of its own, no
+    parameters) moved back by one."""
+    import re
+    from megatron.model.analytic import EXPERT_PREFIX
+    index = re.match(r"(\d+)\.", name)
+    if pipe_shift_after is not None and index and int(index.group(1)) > pipe_shift_after:
+        name = f"{int(index.group(1)) - 1}{name[index.end() - 1:]}"
+    if first_expert and EXPERT_PREFIX in name:
+        head, tail = name.split(EXPERT_PREFIX, 1)
+        local, rest = tail.split(".", 1)
+        return f"{head}{EXPERT_PREFIX}{first_expert + int(local)}.{rest}"
+    return name
+
+
+def match_parameters_to_table(model, shape):
+    """id(param) -> its entry of the parameter table (megatron/model/analytic.py), matched by name
+    (GPTModel's or GPTModelPipe's, experts by global index) and by shape (this rank's TP slice of
+    the entry's full shape). A parameter the table does not list, or whose shape differs from its
+    entry's, stops the run (ConfigError) naming both."""
+    from deepspeed.pipe import PipelineModule
+    from megatron.checkpoint_reshard import table_key
+    from megatron.model.analytic import parameter_table
+    from megatron.model.shape import ConfigError
+
+    table = {(spec.layer, spec.key): spec for spec in parameter_table(shape)}
+    pipeline = isinstance(model, PipelineModule)
+    tp = shape.tensor_model_parallel_size
+    first_expert = _expert_parallel_first_experts(model)
+    moe_loss_index = shape.num_layers + 1 if pipeline and getattr(model, "moe_loss", None) is not None else None
+    entries = {}
+    for name, p in model.named_parameters():
+        key = table_key(_table_entry_name(name, first_expert.get(id(p), 0), moe_loss_index), shape, pipeline)
+        spec = table.get(key)
+        built = tuple(getattr(p, "ds_shape", None) or p.shape)
+        if spec is None:
+            raise ConfigError(f"the built model holds {name} {built} that the parameter table "
+                              f"(megatron/model/analytic.py) does not list ({shape_flags(shape)})")
+        split = spec.partition_dim is not None and getattr(p, "tensor_model_parallel", False)
+        expected = tuple(n // tp if split and dim == spec.partition_dim else n for dim, n in enumerate(spec.shape))
+        if built != expected:
+            raise ConfigError(f"{spec.component}: the built {name} has shape {built}, the parameter table "
+                              f"{expected} ({shape_flags(shape)})")
+        entries[id(p)] = spec
+    return entries
+
+
+def shape_flags(shape):
+    """The model's flag combination, as its shape's fields that differ from the defaults."""
+    from dataclasses import fields
+    return " ".join(f"{f.name}={getattr(shape, f.name)}" for f in fields(shape) if getattr(shape, f.name) != f.default)
+
+
+def _component_of_parameters(model, shape):
+    """id(param) -> component, from the parameter table's entry of each parameter."""
+    return {key: spec.component for key, spec in match_parameters_to_table(model, shape).items()}
 
 
 def _numel(param):
@@ -70,26 +105,23 @@ def is_owned_parameter(param, tp_rank):
     return tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
 
 
-def count_local_parameters(model, tp_rank):
+def count_local_parameters(model, tp_rank, shape):
     """This rank's view: ({component: owned count}, all local elements, transformer layers)."""
     from megatron.model.transformer import ParallelTransformerLayer
 
-    component = _component_of_parameters(model)
+    component = _component_of_parameters(model, shape)
     owned = dict.fromkeys(COMPONENTS, 0)
     local = 0
     for p in model.parameters():  # yields a tensor once even if two modules share it
         local += _numel(p)
         if not is_owned_parameter(p, tp_rank):
             continue
-        if id(p) not in component:
-            raise RuntimeError(f"parameter of shape {tuple(p.shape)} belongs to no known component; "
-                               f"teach megatron.utils._component_of_parameters about its module")
         owned[component[id(p)]] += _numel(p)
     layers = sum(isinstance(m, ParallelTransformerLayer) for m in model.modules())
     return owned, local, layers
 
 
-def compute_parameter_counts(model, mpu):
+def compute_parameter_counts(model, mpu, shape):
     """The whole model's ParameterCounts, the same on every rank. One collective: an int64
     all-reduce over TP x PP holding the component totals and, per stage, (layers, elements held
     by its TP rank 0, owned elements)."""
@@ -97,11 +129,11 @@ def compute_parameter_counts(model, mpu):
     import torch.distributed as dist
 
     if is_moe_model(model):
-        return compute_moe_parameter_counts(model, mpu)
+        return compute_moe_parameter_counts(model, mpu, shape)
 
     tp_rank = mpu.get_tensor_model_parallel_rank()
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
-    owned, local, layers = count_local_parameters(model, tp_rank)
+    owned, local, layers = count_local_parameters(model, tp_rank, shape)
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     buf = torch.zeros(len(COMPONENTS) + 3 * num_stages, dtype=torch.int64, device=device)
@@ -138,19 +170,6 @@ def is_moe_model(model):
     return getattr(model, "is_moe", False) or bool(_moe_layers(model))
 
 
-def _moe_component_of_parameters(model):
-    component = {}
-    for layer in _moe_layers(model):
-        for p in layer.deepspeed_moe.experts.parameters():
-            component[id(p)] = "experts"
-        for p in layer.deepspeed_moe.gate.parameters():
-            component[id(p)] = "router"
-        if layer.use_residual:
-            component.update((id(p), "mlp") for p in layer.mlp.parameters())
-            component.update((id(p), "router") for p in layer.coefficient.parameters())
-    return component
-
-
 def moe_parameter_owner(model, mpu):
     """owned(param) for an MoE model on this rank (the rule above); None for a dense model."""
     from deepspeed.moe.utils import is_moe_param
@@ -172,7 +191,7 @@ def moe_parameter_owner(model, mpu):
     return owned
 
 
-def compute_moe_parameter_counts(model, mpu):
+def compute_moe_parameter_counts(model, mpu, shape):
     """compute_parameter_counts for a model with MoE layers: the same ParameterCounts plus the
     active expert parameters (per MoE layer, its experts' total / E x top-k, measured)."""
     import torch
@@ -183,7 +202,7 @@ def compute_moe_parameter_counts(model, mpu):
     owned_fn = moe_parameter_owner(model, mpu)
     tp_rank, dp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
-    component = _component_of_parameters(model)
+    component = _component_of_parameters(model, shape)
     layers = [m for m in model.modules() if isinstance(m, ParallelTransformerLayer)]
     num_layers = layers[0].total_layers  # one slot per layer of the model, on every stage
     owned = dict.fromkeys(COMPONENTS, 0)
@@ -201,8 +220,6 @@ def compute_moe_parameter_counts(model, mpu):
         local += _numel(p)
         if not owned_fn(p):
             continue
-        if id(p) not in component:
-            raise RuntimeError(f"parameter of shape {tuple(p.shape)} belongs to no known component")
         owned[component[id(p)]] += _numel(p)
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -248,6 +265,17 @@ def cache_parameter_counts(args, counts):
     args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations,
                                              args.activations_checkpoint_method, args.checkpoint_num_layers)
     return args
+
+
+def check_parameter_counts(measured, shape):
+    """Stops the run (ConfigError, one line) when the built model's counts differ from the
+    parameter table's in any component or stage: the FLOPs, memory and export that follow from
+    the table would describe another model than the one being trained."""
+    from megatron.model.shape import ConfigError
+    problems = parameter_count_mismatches(measured, shape)
+    if problems:
+        raise ConfigError(f"the built model disagrees with the parameter table (megatron/model/analytic.py): "
+                          f"{'; '.join(problems)} ({shape_flags(shape)})")
 
 
 def parameter_count_mismatches(measured, shape):

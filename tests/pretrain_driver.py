@@ -12,11 +12,11 @@ each rank saw to $DRIVER_OUT/rank{R}.json:
   * with DRIVER_KILL_SWITCH_AT=N: rank 0 alone creates the --kill-switch-path file right after
     iteration N's log call (the other ranks may look before it exists: they must still stop together);
   * with DRIVER_RECORD_BATCHES=1: the distinct token ids of every sample each rank's batch function
-    received (the data actually drawn), in order.
+    received (the data actually drawn), in order;
   * with DRIVER_DUMP_LOADED=1: right after --load, every parameter's weights, fp32 master and Adam
-    moments as DeepSpeed's own API gathers them over DP (safe_get_full_*), in rank{R}_loaded.pt.
+    moments as DeepSpeed's own API gathers them over DP (safe_get_full_*), in rank{R}_loaded.pt;
+  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging.
 """
-import gc
 import json
 import logging
 import os
@@ -34,7 +34,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
          "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "lrs": {}, "tokens": {},
-         "samples": [], "evaluations": []}
+         "samples": [], "evaluations": [], "step_losses": {}}
 
 
 def _spy(owner, name, counter):
@@ -91,14 +91,18 @@ _train_step = training.train_step
 
 
 def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
-    if progress.iteration + 1 != int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
-        return _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
-    param = next(steps.engine.module.parameters())
-    hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    """Also records each iteration's own loss, as the engine returned it (`step_losses`)."""
+    hook = None
+    if progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
+        param = next(steps.engine.module.parameters())
+        hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
     try:
-        return _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+        loss, gbs = _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
+    state["step_losses"][progress.iteration] = float(loss)
+    return loss, gbs
 
 
 _initialize = training.deepspeed.initialize
@@ -177,11 +181,11 @@ def main():
     del result["in_log"]
     with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
         json.dump(result, f)
-    # the interpreter's last garbage collection walks every object torch and DeepSpeed created,
-    # about 1 s of CPU per rank for memory the OS takes back anyway: exclude them from it
-    # (destructors still run as modules are torn down)
-    gc.freeze()
+
 
 
 if __name__ == "__main__":
     main()
+    # as pretrain_gpt.py's own entry point: a finished run ends without interpreter teardown
+    from megatron.process_exit import exit_after_success
+    exit_after_success()

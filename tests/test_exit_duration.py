@@ -37,3 +37,29 @@ def test_one_late_rank_or_one_kill_switch_stops_every_rank(tmp_path):
     results = run_distributed(2, _decide, late_cases, kill_cases, str(tmp_path))
     assert [late for late, _ in results] == [[True, True, False]] * 2
     assert [killed for _, killed in results] == [[(False, True), (False, True), (False, False)]] * 2
+
+
+def test_a_real_run_stops_every_rank_at_the_same_iteration_and_saves(tmp_path):
+    """--exit-duration-in-mins in a PP=2 launch: both stages stop after the same iteration, well
+    before --train-iters, each writes its part of that iteration's checkpoint, and the pointers
+    name it."""
+    from launcher import TINY, launch
+    ckpt = tmp_path / "ckpt"
+    # 0.02 min = 1.2 s of training: a few iterations of this model, far fewer than 10000
+    args = TINY + ["--global-batch-size", 2, "--train-iters", 10000, "--pipeline-model-parallel-size", 2,
+                   "--exit-duration-in-mins", 0.02, "--save", ckpt, "--eval-iters", 0]
+    proc, ranks = launch(2, args, str(tmp_path / "run"))
+    stopped = {r["iteration"] for r in ranks.values()}
+    assert len(ranks) == 2 and len(stopped) == 1, stopped
+    [iteration] = stopped
+    assert 1 <= iteration < 10000
+    for r in ranks.values():  # every rank ran exactly those iterations
+        assert sorted(map(int, r["step_losses"])) == list(range(1, iteration + 1))
+    assert f"exiting program at iteration {iteration}\n" in proc.stdout
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
+    step = ckpt / f"global_step{iteration}"
+    # each stage's own files: its layers (the embedding and layer 1 on stage 0, layer 2, the final
+    # norm and the tied embedding copy on stage 1) and its model-parallel state
+    files = sorted(p.name for p in step.iterdir())
+    assert {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"} <= set(files), files
+    assert {"layer_01-model_00-model_states.pt", "layer_02-model_00-model_states.pt"} <= set(files), files

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import pretrain_gpt
-from megatron.arguments import BELOW_ONE, FRACTIONS, NON_NEGATIVE, POSITIVE
 from megatron.launch import free_port
 
 BASE = {"--num-layers": 4, "--hidden-size": 64, "--num-attention-heads": 4, "--seq-length": 32,
@@ -36,19 +35,52 @@ def flags(changes):
     return out
 
 
-def bad_value(flag):
-    """Zero for a size, count or interval; -1 for what may be 0; 1.5 for a fraction (1 for Adam's betas)."""
-    if flag in POSITIVE:
-        return 0
-    if flag in NON_NEGATIVE:
-        return -1
-    return 1 if flag in BELOW_ONE else 1.5
-
-
-# the flags whose values pass on their own but fail when another flag makes them meaningless
+# Written out by hand (not generated from megatron/arguments.py's rule tuples, so a flag dropped
+# from those tuples fails here): a bad value of each size, count, interval and fraction flag, and
+# the error line it must give. Integer flags echo "0", float flags "0.0".
 _TIED = {"--train-samples": SAMPLES, "--lr-decay-samples": SAMPLES, "--lr-warmup-samples": SAMPLES}
-SINGLE_VALUE_RULES = [pytest.param({**_TIED.get(flag, {}), flag: bad_value(flag)}, 1, flag, id=f"{flag} bad")
-                      for flag in POSITIVE + NON_NEGATIVE + FRACTIONS + BELOW_ONE]
+SINGLE_VALUE_TABLE = [
+    ("--micro-batch-size", 0, "--micro-batch-size 0 must be positive"),
+    ("--global-batch-size", 0, "--global-batch-size 0 must be positive"),
+    ("--train-iters", 0, "--train-iters 0 must be positive"),
+    ("--train-samples", 0, "--train-samples 0 must be positive"),
+    ("--exit-interval", 0, "--exit-interval 0 must be positive"),
+    ("--exit-duration-in-mins", 0, "--exit-duration-in-mins 0.0 must be positive"),
+    ("--checkpoint-num-layers", 0, "--checkpoint-num-layers 0 must be positive"),
+    ("--lr-decay-iters", 0, "--lr-decay-iters 0 must be positive"),
+    ("--lr-decay-samples", 0, "--lr-decay-samples 0 must be positive"),
+    ("--save-interval", 0, "--save-interval 0 must be positive"),
+    ("--eval-interval", 0, "--eval-interval 0 must be positive"),
+    ("--log-interval", 0, "--log-interval 0 must be positive"),
+    ("--tensorboard-queue-size", 0, "--tensorboard-queue-size 0 must be positive"),
+    ("--tensorboard-log-interval", 0, "--tensorboard-log-interval 0 must be positive"),
+    ("--adam-eps", 0, "--adam-eps 0.0 must be positive"),
+    ("--layernorm-epsilon", 0, "--layernorm-epsilon 0.0 must be positive"),
+    ("--init-method-std", 0, "--init-method-std 0.0 must be positive"),
+    ("--loss-scale", 0, "--loss-scale 0.0 must be positive"),
+    ("--initial-loss-scale", 0, "--initial-loss-scale 0.0 must be positive"),
+    ("--min-loss-scale", 0, "--min-loss-scale 0.0 must be positive"),
+    ("--loss-scale-window", 0, "--loss-scale-window 0.0 must be positive"),
+    ("--hysteresis", 0, "--hysteresis 0 must be positive"),
+    ("--lr", -1, "--lr -1.0 must be >= 0"),
+    ("--min-lr", -1, "--min-lr -1.0 must be >= 0"),
+    ("--lr-warmup-iters", -1, "--lr-warmup-iters -1 must be >= 0"),
+    ("--lr-warmup-samples", -1, "--lr-warmup-samples -1 must be >= 0"),
+    ("--eval-iters", -1, "--eval-iters -1 must be >= 0"),
+    ("--num-workers", -1, "--num-workers -1 must be >= 0"),
+    ("--weight-decay", -1, "--weight-decay -1.0 must be >= 0"),
+    ("--clip-grad", -1, "--clip-grad -1.0 must be >= 0"),
+    ("--seed", -1, "--seed -1 must be >= 0"),
+    ("--zero-stage", -1, "--zero-stage -1 must be >= 0"),
+    ("--hidden-dropout", 1.5, "--hidden-dropout 1.5 must be in [0, 1]"),
+    ("--attention-dropout", 1.5, "--attention-dropout 1.5 must be in [0, 1]"),
+    ("--lr-warmup-fraction", 1.5, "--lr-warmup-fraction 1.5 must be in [0, 1]"),
+    ("--sgd-momentum", 1.5, "--sgd-momentum 1.5 must be in [0, 1]"),
+    ("--adam-beta1", 1, "--adam-beta1 1.0 must be in [0, 1)"),  # torch's Adam refuses 1.0
+    ("--adam-beta2", 1, "--adam-beta2 1.0 must be in [0, 1)"),
+]
+SINGLE_VALUE_RULES = [pytest.param({**_TIED.get(flag, {}), flag: value}, 1, message, id=f"{flag} {value}")
+                      for flag, value, message in SINGLE_VALUE_TABLE]
 SHAPE_RULES = [pytest.param({flag: 0}, 1, flag, id=f"{flag} 0")
                for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
                             "--ffn-hidden-size", "--max-position-embeddings", "--make-vocab-size-divisible-by",

@@ -110,3 +110,30 @@ def test_bf16_dp2_through_the_pipeline_engine_is_bf16_optimizer():
         assert predicted["weights"] == 2 * TOTAL  # both groups are multiples of 4 already
         assert predicted["gradients"] == 2 * TOTAL + 2 * TOTAL
         assert predicted["optimizer"] == 3 * 4 * TOTAL // 2 + 2 * 4
+
+
+@pytest.mark.parametrize("flags", [
+    ["--no-pipeline-parallel"],                        # bf16 without the pipeline engine, ZeRO 0
+    ["--zero-stage", "1"],                             # bf16 ZeRO 1 through the pipeline engine
+    ["--zero-stage", "2", "--no-pipeline-parallel"],   # bf16 ZeRO 2 (the pipeline engine refuses it)
+], ids=["zero0-no-pipeline", "zero1-pipeline", "zero2-no-pipeline"])
+def test_bf16_optimizer_branches_are_exact(flags):
+    """Every other bf16 branch DeepSpeed takes on CPU, measured on its real engine after one
+    iteration, and the same numbers by hand."""
+    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4", "--bf16"] + flags)[0]
+    _check_exact(rows)
+    for rank, _, _, _, predicted, _ in rows:
+        assert predicted["weights"] == 2 * TOTAL  # bf16 weights
+        if "--zero-stage" not in flags:
+            # bf16 gradients; fp32 master weights, exp_avg and exp_avg_sq of every element, a 4-byte
+            # step per tensor: nothing partitioned
+            assert predicted["gradients"] == 2 * TOTAL
+            assert predicted["optimizer"] == 3 * 4 * TOTAL + 4 * PARAM_TENSORS
+            continue
+        # ZeRO 1 / 2: fp32 master, m and v of this rank's half of the two groups (matrices, then
+        # 1-D), one step per group; bf16 gradients of the whole tensors overlapping that half:
+        # rank 0 word, position, layer 1's QKV, dense, h->4h and 13h + h of the vectors; rank 1
+        # layer 1's h->4h and 4h->h, all of layer 2's matrices, and 12h + 2h of the vectors
+        assert predicted["optimizer"] == 3 * 4 * TOTAL // 2 + 2 * 4
+        assert predicted["gradients"] == (2 * (V * H + S * H + 8 * H * H + 14 * H) if rank == 0 else
+                                          2 * (20 * H * H + 14 * H)), rank

@@ -89,7 +89,7 @@ def _counts_at_tp2(layouts):
                 for name, p in expert.named_parameters():
                     if owned(p):
                         experts.add((layer.layer_number, first + local, name, mpu.get_tensor_model_parallel_rank()))
-        results.append((compute_parameter_counts(model, mpu), experts))
+        results.append((compute_parameter_counts(model, mpu, config.shape), experts))
     return results
 
 

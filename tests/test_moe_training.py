@@ -11,7 +11,8 @@ same tokens meet the same experts; only the order of float sums differs). tp2_pp
 iterations 3 and 6 and are run again from iteration 3: bit for bit the same. The load-balancing
 loss counts fully (--moe-loss-coeff 1) so that a wrong gate gradient on any stage would change the
 trajectory; the 2nd expert of top-2 is the deterministic one, since the sampled one draws from an
-RNG whose position differs per engine."""
+RNG whose position differs per engine. The experts are Mixtral-style SwiGLU MLPs without biases
+(--swiglu --disable-bias-linear), as the dense layers: an expert is built like the dense MLP."""
 import pytest
 
 from launcher import TINY, launch
@@ -20,8 +21,9 @@ from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
 
 ITERS, RESUME_AT = 6, 3
-MOE = ["--num-experts", 4, "--topk", 2, "--expert-interval", 2, "--moe-loss-coeff", 1.0,
-       "--disable-moe-top2-2nd-expert-sampling", "--global-batch-size", 8, "--train-iters", ITERS]
+MOE = ["--swiglu", "--disable-bias-linear", "--num-experts", 4, "--topk", 2, "--expert-interval", 2,
+       "--moe-loss-coeff", 1.0, "--disable-moe-top2-2nd-expert-sampling", "--global-batch-size", 8,
+       "--train-iters", ITERS]
 # TP2 pads the vocab to a multiple of 64 x 2: the same 640 rows as TP1's multiple of 128
 LAYOUTS = {"ref": (1, ["--no-pipeline-parallel"]),
            "tp2_pp2": (4, ["--tensor-model-parallel-size", 2, "--pipeline-model-parallel-size", 2,
@@ -30,7 +32,10 @@ LAYOUTS = {"ref": (1, ["--no-pipeline-parallel"]),
 RESUMED = ("tp2_pp2", "ep2")
 BF16_ZERO1 = ["--bf16", "--zero-stage", 1, "--create-moe-param-group"]
 SHAPE = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
-                   max_position_embeddings=32, num_experts=(4,), topk=2)
+                   max_position_embeddings=32, num_experts=(4,), topk=2, swiglu=True, add_bias_linear=False)
+# by hand: --swiglu's ffn size int(8 x 64 / 3 / 64) x 64 = 128; an expert is dense_h_to_4h [2 x 128, 64]
+# (gate and value) and dense_4h_to_h [64, 128], no biases
+EXPERT = 2 * 128 * 64 + 64 * 128
 
 
 def _point_trackers_at(ckpt, iteration):
@@ -59,8 +64,12 @@ def runs(tmp_path_factory):
 def test_startup_count_is_exact_on_every_rank(runs, name, ep):
     proc, ranks = runs[name]
     counts = analytic_parameter_counts(SHAPE)
-    assert counts.components["experts"] == 4 * (8 * 64 * 64 + 5 * 64)
-    assert counts.active == counts.total - 2 * (8 * 64 * 64 + 5 * 64)  # top-2 of 4 experts
+    assert counts.components["experts"] == 4 * EXPERT
+    assert counts.active == counts.total - 2 * EXPERT  # top-2 of 4 experts
+    # by hand, the whole model: embeddings 640 x 64 + 32 x 64; per layer 2 LayerNorms 4 x 64 and
+    # attention 4 x 64 x 64 (no biases); the dense layer's MLP, the MoE layer's router 4 x 64 and
+    # 4 experts; the final LayerNorm 2 x 64
+    assert counts.total == (640 + 32) * 64 + 2 * (4 * 64 + 4 * 64 * 64) + EXPERT + 4 * 64 + 4 * EXPERT + 2 * 64
     assert sorted(ranks) == list(range(LAYOUTS[name][0]))
     for r in ranks.values():
         assert (r["parameters"], r["parameters_no_embedding"]) == (counts.total, counts.no_embedding)
@@ -75,7 +84,7 @@ def test_startup_count_is_exact_on_every_rank(runs, name, ep):
     assert f"estimated active model parameters: {counts.active / 1e9}\n" in out
     assert f"estimated active model parameters without embeddings: {counts.active_no_embedding / 1e9}\n" in out
     assert f"experts per EP rank (EP={ep}): {4 // ep} experts" in out
-    assert "disagrees with the analytic formula" not in out
+    assert f"  experts             | {4 * EXPERT:,}\n" in out
     # memory: every EP rank holds E/EP experts per MoE layer, and the prediction is exact on each
     n = LAYOUTS[name][0]
     assert f"weights + gradients + optimizer: predicted == measured on {n} of {n} ranks" in out
@@ -125,5 +134,5 @@ def test_export_refuses_an_moe_checkpoint_in_one_line(runs, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"convert_checkpoint_to_hf.py: error: {runs['tp2_pp2_ckpt']}/global_step3: a mixture-of-"
                            f"experts model (4 experts per MoE layer) has no transformers architecture here "
-                           f"(GPT2LMHeadModel, LlamaForCausalLM are dense)\n")
+                           f"(GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM are dense)\n")
     assert not (tmp_path / "hf").exists()

@@ -19,7 +19,7 @@ def _build_and_count(tp, pp, pipeline):
     shape = ModelShape(**SEED_MODEL, vocab_size=VOCAB, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     config = GPTConfig(shape)
     model = GPTModelPipe(config, mpu.get_topology()) if pipeline else GPTModel(config)
-    counts = compute_parameter_counts(model, mpu)
+    counts = compute_parameter_counts(model, mpu, shape)
     return counts.total, counts.no_embedding, counts.stages, parameter_count_mismatches(counts, shape)
 
 
@@ -68,7 +68,7 @@ def _count_without_the_replica_flag():
     model = GPTModelPipe(config, mpu.get_topology())
     for p in model.parameters():
         p.ds_pipe_replicated = False
-    return parameter_count_mismatches(compute_parameter_counts(model, mpu), config.shape)
+    return parameter_count_mismatches(compute_parameter_counts(model, mpu, config.shape), config.shape)
 
 
 def test_a_measured_disagreement_with_the_formula_names_both_numbers():
@@ -91,12 +91,14 @@ def _count_with_a_shared_tensor():
     from megatron.model.gpt_model import GPTModel
     from megatron.utils import count_local_parameters
     from model_fixtures import tiny_config
-    model = GPTModel(tiny_config())
-    before = count_local_parameters(model, 0)
+    config = tiny_config()
+    model_shape = config.shape
+    model = GPTModel(config)
+    before = count_local_parameters(model, 0, model_shape)
     # a separate output layer that shares the word embedding's tensor, as untied-module code does
     model.output_layer = nn.Module()
     model.output_layer.weight = model.word_embeddings_weight()
-    return before, count_local_parameters(model, mpu.get_tensor_model_parallel_rank())
+    return before, count_local_parameters(model, mpu.get_tensor_model_parallel_rank(), model_shape)
 
 
 def test_a_tensor_registered_twice_counts_once():

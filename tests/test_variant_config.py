@@ -1,18 +1,18 @@
 """Variant flags (both forks' spellings) map to one ModelShape; bad combinations fail with one
-line naming the flag; the counts and FLOPs follow from the parameter table; old checkpoints
+line naming the flag; the counts follow from the parameter table and the FLOPs formula equals the
+matmuls each variant really runs; old checkpoints
 (written before variants existed) still load as GPT-2."""
 import dataclasses
 import json
 import subprocess
 import sys
-from math import prod
 
 import pytest
 
 from test_arguments import validated
 from variants import VARIANTS, shape_kwargs
 from megatron.arguments import ConfigError
-from megatron.model.analytic import analytic_parameter_counts, flops_per_sample, parameter_table
+from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
 
 LLAMA_FLAGS = ["--use-rotary-position-embeddings", "--swiglu", "--normalization", "RMSNorm",
@@ -105,18 +105,33 @@ def test_llama2_70b_count_matches_the_published_number():
     assert "  output_layer        | 262,144,000\n" in out and "position_embeddings" not in out
 
 
-@pytest.mark.parametrize("name", VARIANTS)
-def test_flops_are_the_matmuls_of_the_parameter_table(name):
-    """Independently of the formula's terms: every linear weight W of a layer costs 2 s numel(W)
-    forward (a GLU's dense_h_to_4h has 2f rows), attention QK^T and PV 4 s^2 a d, logits 2 s h V."""
-    shape = ModelShape(**shape_kwargs(name, seq_length=48))
-    s = shape.seq_length
-    linear = sum(2 * s * prod(spec.shape) for spec in parameter_table(shape)
-                 if spec.component in ("attention", "mlp") and len(spec.shape) == 2)
-    forward = linear + shape.num_layers * 4 * s * s * shape.num_attention_heads * shape.kv_channels
-    logits = 2 * s * shape.hidden_size * shape.padded_vocab_size
-    assert flops_per_sample(shape, False) == 3 * forward + 3 * logits
-    assert flops_per_sample(shape, True) == 4 * forward + 3 * logits
+def _measured_flops(names):
+    """FlopCounterMode on a real forward + backward of each variant's GPTModel ("math" attention
+    spells QK^T and PV out as matmuls), batch 2."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from model_fixtures import tiny_batch
+    from megatron.model.config import GPTConfig
+    from megatron.model.gpt_model import GPTModel
+    out = {}
+    for name in names:
+        shape = ModelShape(**shape_kwargs(name, seq_length=48))
+        config = GPTConfig(shape, hidden_dropout=0.0, attention_dropout=0.0, attention_impl="math")
+        model = GPTModel(config).train()
+        tokens, labels, loss_mask = tiny_batch(config, batch_size=2, seq_length=48)
+        with FlopCounterMode(display=False) as counter:
+            model(tokens, labels, loss_mask).backward()
+        out[name] = counter.get_total_flops()
+    return out
+
+
+def test_flops_formula_equals_the_matmuls_each_variant_runs():
+    """Measured, not read from the parameter table the formula reads: every variant's real
+    forward + backward (GQA / MQA heads, GLU widths, head dims, untied output layer)."""
+    from distributed import run_distributed
+    [measured] = run_distributed(1, _measured_flops, list(VARIANTS))
+    for name in VARIANTS:
+        shape = ModelShape(**shape_kwargs(name, seq_length=48))
+        assert measured[name] == 2 * flops_per_sample(shape, False), name
 
 
 def test_describe_and_report_name_the_variant():

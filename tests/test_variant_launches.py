@@ -1,11 +1,12 @@
 """Real `deepspeed --num_gpus N pretrain_gpt.py` runs of the architecture variants, the fewest
 that put every variant under TP=2 and under PP=2: a LLaMA-style (rotary, SwiGLU, RMSNorm, GQA,
-untied, no bias) and a BLOOM-style model (ALiBi with 6 heads, embedding LayerNorm, GeLU,
---kv-channels != h/a) at TP=2 x PP=2, and MQA with a GLU of non-default ffn size at PP=2 (MQA
+untied, no bias) and a BLOOM-style model (ALiBi with 6 heads, embedding LayerNorm, GeLU) at
+TP=2 x PP=2, and MQA with a GLU of non-default ffn size and --kv-channels != h/a at PP=2 (MQA
 needs TP=1). Each rank's cached count equals the analytic table, tools/param_count.py and the
 numel of the TP=1 PP=1 model; the LLaMA-style run also resumes exactly from its checkpoint,
 which a GPT-2 launch then refuses before building a model, resumes at TP=1 x PP=1 with the
-uninterrupted run's loss, and exports to LlamaForCausalLM."""
+uninterrupted run's loss, and exports to LlamaForCausalLM; the BLOOM-style one exports to
+BloomForCausalLM, whose logits (its own ALiBi, embedding LayerNorm and GeLU) are compared with ours."""
 import re
 import subprocess
 import sys
@@ -23,9 +24,10 @@ ITERS = 6
 VOCAB = 512  # a multiple of 128 x TP 2: every layout builds the same model
 LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
          "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
-BLOOM = ["--position-embedding-type", "alibi", "--embed-layernorm", "--num-attention-heads", 6, "--kv-channels", 24]
+# head dim 48 / 6 = 8: transformers' BLOOM has no other head dim
+BLOOM = ["--position-embedding-type", "alibi", "--embed-layernorm", "--hidden-size", 48, "--num-attention-heads", 6]
 MQA_GLU = ["--position-embedding-type", "rope", "--group-query-attention", "--glu-activation", "geglu",
-           "--ffn-hidden-size", 100]
+           "--ffn-hidden-size", 100, "--kv-channels", 24]
 
 
 def flags_for(variant, tp, pp, *extra):
@@ -127,15 +129,34 @@ def test_llama_tp2_pp2_counts_resumes_exactly_and_refuses_another_variant(tmp_pa
     assert torch.allclose(theirs, ours, rtol=0, atol=1e-5), (theirs - ours).abs().max()
 
 
-def test_bloom_tp2_pp2_counts(tmp_path):
-    flags = flags_for(BLOOM, 2, 2)
-    proc, ranks = launch(4, flags, str(tmp_path))
+def test_bloom_tp2_pp2_counts_and_exports_to_bloom(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    flags = flags_for(BLOOM, 2, 2, "--save", ckpt)
+    proc, ranks = launch(4, flags, str(tmp_path / "run"))
     shape = check_counts(proc, ranks, flags, 4)
-    assert shape.describe() == "alibi, gelu ffn 256, embed layernorm, layernorm, 6 heads of dim 24, tied"
+    assert shape.describe() == "alibi, gelu ffn 192, embed layernorm, layernorm, 6 heads, tied"
+
+    # transformers' own BLOOM (its ALiBi slopes for 6 heads, its embedding LayerNorm, its GeLU) on
+    # the trained weights: our logits, up to the tanh-approximate GeLU BLOOM uses (ours is exact)
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+    proc = convert("--load", ckpt, "--output", tmp_path / "hf")
+    assert proc.returncode == 0, proc.stderr
+    count = ranks[0]["parameters"]
+    assert "to BloomForCausalLM" in proc.stdout and f"parameters: {count:,} (" in proc.stdout
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(model).__name__ == "BloomForCausalLM" and model.num_parameters() == count
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
+    [ours] = run_distributed(1, our_logits, str(ckpt), tokens)
+    with torch.no_grad():
+        theirs = model(tokens).logits
+    assert theirs.shape == ours.shape == (2, 32, VOCAB)
+    assert torch.allclose(theirs, ours, rtol=0, atol=1e-4), (theirs - ours).abs().max()
+    assert (theirs - ours).abs().max() < 1e-2 * ours.std()  # far below what a wrong slope or sign gives
 
 
 def test_mqa_glu_pp2_counts(tmp_path):
     flags = flags_for(MQA_GLU, 1, 2)
     proc, ranks = launch(2, flags, str(tmp_path))
     shape = check_counts(proc, ranks, flags, 2)
-    assert shape.describe() == "rotary, geglu ffn 100, layernorm, 4 query / 1 kv heads, tied"
+    assert shape.describe() == "rotary, geglu ffn 100, layernorm, 4 query / 1 kv heads of dim 24, tied"

@@ -31,7 +31,7 @@ def _built_counts(names):
     for name in names:
         shape = _layout_shape(name)
         pipe = GPTModelPipe(GPTConfig(shape), mpu.get_topology())
-        counts = compute_parameter_counts(pipe, mpu)
+        counts = compute_parameter_counts(pipe, mpu, shape)
         numel = None
         if mpu.get_model_parallel_world_size() == 1:  # the whole model in one module
             plain = list(GPTModel(GPTConfig(shape)).parameters())

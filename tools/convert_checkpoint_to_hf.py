@@ -186,9 +186,57 @@ def _neox_build(checkpoint, weights):
     return "GPTNeoXForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
 
 
+def _bloom_matches(checkpoint):
+    """BLOOM's block: ALiBi, an embedding LayerNorm, LayerNorm, GeLU MLP, fused QKV with biases,
+    multi-head with head dim h / a, tied (transformers' BloomForCausalLM has no other variant)."""
+    shape = checkpoint.shape
+    return (shape.position_embedding_type == "alibi" and shape.embed_layernorm and shape.normalization == "layernorm"
+            and shape.glu_activation is None and shape.add_bias_linear and shape.tied
+            and shape.num_key_value_heads == shape.num_attention_heads
+            and shape.kv_channels * shape.num_attention_heads == shape.hidden_size)
+
+
+def _bloom_build(checkpoint, weights):
+    """BloomForCausalLM. Its fused query_key_value is viewed as [heads, 3, head dim] per output
+    row, our multi-head layout (one row block per head: q, k, v), so the QKV is copied as is; every
+    other name maps one to one (HF's Linear weights are [out, in] like ours). Its ALiBi adds
+    slope x key position, ours slope x (key - query position): the same softmax. Its GeLU is the
+    tanh approximation (Megatron's fused bias-GeLU), ours the exact erf form: logits differ by the
+    gap between the two, a few 1e-5 for a small model."""
+    shape, info = checkpoint.shape, checkpoint.model_info
+    L, h = shape.num_layers, shape.hidden_size
+    taken = set()
+
+    def w(layer, key):
+        taken.add((layer, key))
+        return weights[(layer, key)]
+
+    sd = {"transformer.word_embeddings.weight": w(0, "word_embeddings.weight"),
+          "transformer.word_embeddings_layernorm.weight": w(0, "embedding_layernorm.weight"),
+          "transformer.word_embeddings_layernorm.bias": w(0, "embedding_layernorm.bias")}
+    for i in range(L):
+        layer, pre = i + 1, f"transformer.h.{i}."
+        for name in ("input_layernorm", "self_attention.query_key_value", "self_attention.dense",
+                     "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"):
+            for suffix in ("weight", "bias"):
+                sd[f"{pre}{name}.{suffix}"] = w(layer, f"{name}.{suffix}")
+    sd["transformer.ln_f.weight"] = w(L + 1, "weight")
+    sd["transformer.ln_f.bias"] = w(L + 1, "bias")
+    sd["lm_head.weight"] = sd["transformer.word_embeddings.weight"]  # tied
+    _check_all_mapped(weights, taken, "BloomForCausalLM")
+    eod = info.get("eod_id")
+    config = dict(vocab_size=shape.padded_vocab_size, hidden_size=h, n_layer=L, n_head=shape.num_attention_heads,
+                  layer_norm_epsilon=info.get("layernorm_epsilon", 1e-5),
+                  apply_residual_connection_post_layernorm=False,
+                  hidden_dropout=info.get("hidden_dropout", 0.0), attention_dropout=info.get("attention_dropout", 0.0),
+                  initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod,
+                  tie_word_embeddings=True)
+    return "BloomForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
+
+
 # (name, matches, build): the first that matches converts
 ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build), ("LlamaForCausalLM", _llama_matches, _llama_build),
-                 ("GPTNeoXForCausalLM", _neox_matches, _neox_build)]
+                 ("GPTNeoXForCausalLM", _neox_matches, _neox_build), ("BloomForCausalLM", _bloom_matches, _bloom_build)]
 
 
 def to_hf(checkpoint, weights):
@@ -280,7 +328,8 @@ def convert(args):
     if experts and max(experts) > 1:
         per_layer = "/".join(map(str, experts))
         raise ConfigError(f"{checkpoint.step_dir}: a mixture-of-experts model ({per_layer} experts per MoE layer) "
-                          f"has no transformers architecture here (GPT2LMHeadModel, LlamaForCausalLM are dense)")
+                          f"has no transformers architecture here "
+                          f"({', '.join(name for name, _, _ in ARCHITECTURES)} are dense)")
     checkpoint.check_readable()
     external = _external_tokenizer(checkpoint, args)
     tokenizer_files = None if external else _tokenizer_files(checkpoint, args)

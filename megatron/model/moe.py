@@ -2,8 +2,9 @@
 slot, as Megatron-DeepSpeed builds it (`--num-experts`, `--expert-interval`, `--topk`, ...).
 
 * Which layers: ModelShape.experts_per_layer() (layer l is MoE when l % expert_interval == 0).
-* The experts are the dense layer's MLP. With --enable-expert-tensor-parallelism they are TP-split
-  like ParallelMLP; otherwise each expert is whole on its EP rank (no TP tags, no collectives)
+* The experts are the dense layer's MLP, built by the same class (ParallelMLP: GeLU or any GLU,
+  with or without biases, the same ffn size). With --enable-expert-tensor-parallelism they are
+  TP-split like it; otherwise each expert is whole on its EP rank (no TP tags, no collectives)
   and DeepSpeed splits the tokens over the TP ranks instead.
 * Expert e of a layer is initialised from its own seed (drawn once per layer, then + e), so any
   EP layout starts from the same full set of experts (DeepSpeed would deep-copy one expert).
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from deepspeed.moe.layer import MoE
 from deepspeed.utils import groups
-from torch import nn
 import torch.nn.functional as F
 
 from megatron import mpu
@@ -41,34 +41,11 @@ class MoEOptions:
                    top2_2nd_expert_sampling=args.moe_top2_2nd_expert_sampling)
 
 
-class ExpertMLP(nn.Module):
-    """The GPT MLP whole on one rank (h -> f -> h, GeLU): an expert that is not TP-split."""
-
-    def __init__(self, config):
-        super().__init__()
-        h, f = config.shape.hidden_size, config.shape.ffn_hidden_size
-        self.dense_h_to_4h = _linear(h, f, config.init_method(), config.params_dtype)
-        self.dense_4h_to_h = _linear(f, h, config.output_init_method(), config.params_dtype)
-
-    def forward(self, hidden_states):
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(hidden_states)))
-
-
-def _linear(inputs, outputs, init_method, dtype):
-    layer = nn.Linear(inputs, outputs, dtype=dtype)
-    with torch.no_grad():  # as mpu's layers: the weight drawn in fp32, the bias zero
-        weight = torch.empty(outputs, inputs, dtype=torch.float32)
-        init_method(weight)
-        layer.weight.copy_(weight)
-        layer.bias.zero_()
-    return layer
-
-
 def _expert(config):
-    if config.shape.enable_expert_tensor_parallelism:
-        from .transformer import ParallelMLP
-        return ParallelMLP(config)
-    return ExpertMLP(config)
+    """One expert: the dense layer's MLP (ParallelMLP, so every MLP variant -- GLU kind, ffn size,
+    biases -- applies), TP-split with --enable-expert-tensor-parallelism, else whole on this rank."""
+    from .transformer import ParallelMLP
+    return ParallelMLP(config, tensor_parallel=config.shape.enable_expert_tensor_parallelism)
 
 
 def expert_group_name(shape):

@@ -20,17 +20,19 @@ GLU_ACTIVATION_FUNCTIONS = {"geglu": F.gelu, "liglu": lambda x: x, "reglu": F.re
 class ParallelMLP(nn.Module):
     """GeLU MLP, or a GLU: act(gate) * value. A GLU's dense_h_to_4h has 2f output rows laid out
     as pairs (row 2j: gate unit j, row 2j+1: its value unit), so the TP chunk of a rank holds the
-    matching gates and values and TP=n computes the function of TP=1 from its slices."""
+    matching gates and values and TP=n computes the function of TP=1 from its slices.
+    tensor_parallel=False: the same MLP whole on this rank (an MoE expert that is not TP-split)."""
 
-    def __init__(self, config):
+    def __init__(self, config, tensor_parallel=True):
         super().__init__()
         shape = config.shape
         h, f, bias = shape.hidden_size, shape.ffn_hidden_size, shape.add_bias_linear
         self.glu = GLU_ACTIVATION_FUNCTIONS[shape.glu_activation] if shape.glu else None
         self.dense_h_to_4h = mpu.ColumnParallelLinear(h, 2 * f if self.glu else f, config.init_method(), bias=bias,
-                                                      params_dtype=config.params_dtype)
+                                                      params_dtype=config.params_dtype,
+                                                      tensor_parallel=tensor_parallel)
         self.dense_4h_to_h = mpu.RowParallelLinear(f, h, config.output_init_method(), bias=bias,
-                                                   params_dtype=config.params_dtype)
+                                                   params_dtype=config.params_dtype, tensor_parallel=tensor_parallel)
 
     def forward(self, hidden_states):
         # [s, b, h] -> [s, b, f/tp] (a GLU: [s, b, 2f/tp] -> gate, value) -> [s, b, h]

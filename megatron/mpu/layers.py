@@ -20,9 +20,12 @@ def set_tensor_model_parallel_attributes(param, partition_dim):
     param.partition_stride = 1
 
 
-def _sliced_parameter(full_shape, partition_dim, init_method, dtype):
+def _sliced_parameter(full_shape, partition_dim, init_method, dtype, split=True):
+    """This TP rank's slice of the TP=1 tensor (split=False: the whole tensor, untagged)."""
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
+    if not split:
+        return nn.Parameter(master.to(dtype))
     world = get_tensor_model_parallel_world_size()
     local = master.chunk(world, dim=partition_dim)[get_tensor_model_parallel_rank()]
     # a copy: a dim-0 chunk is already contiguous, and keeping it as a view would keep the whole
@@ -60,19 +63,23 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ColumnParallelLinear(nn.Module):
-    """Y = XA + b with A split along its output dimension: A = [A_1 ... A_p]."""
+    """Y = XA + b with A split along its output dimension: A = [A_1 ... A_p].
+    tensor_parallel=False: A whole on this rank, no collective (an MoE expert that is not split)."""
 
     def __init__(self, input_size, output_size, init_method, bias=True, gather_output=False,
-                 params_dtype=torch.float32):
+                 params_dtype=torch.float32, tensor_parallel=True):
         super().__init__()
         self.gather_output = gather_output
-        self.weight = _sliced_parameter((output_size, input_size), 0, init_method, params_dtype)
+        self.tensor_parallel = tensor_parallel
+        self.weight = _sliced_parameter((output_size, input_size), 0, init_method, params_dtype, tensor_parallel)
         if bias:
-            self.bias = _sliced_parameter((output_size,), 0, nn.init.zeros_, params_dtype)
+            self.bias = _sliced_parameter((output_size,), 0, nn.init.zeros_, params_dtype, tensor_parallel)
         else:
             self.register_parameter("bias", None)
 
     def forward(self, x):
+        if not self.tensor_parallel:
+            return F.linear(x, self.weight, self.bias)
         x = copy_to_tensor_model_parallel_region(x)
         y = F.linear(x, self.weight, self.bias)
         return gather_from_tensor_model_parallel_region(y) if self.gather_output else y
@@ -80,16 +87,21 @@ class ColumnParallelLinear(nn.Module):
 
 class RowParallelLinear(nn.Module):
     """Y = XA + b with A split along its input dimension; partial products are all-reduced.
-    The bias is replicated and added once, after the reduction."""
+    The bias is replicated and added once, after the reduction. tensor_parallel=False: A whole
+    on this rank, no reduction."""
 
-    def __init__(self, input_size, output_size, init_method, bias=True, params_dtype=torch.float32):
+    def __init__(self, input_size, output_size, init_method, bias=True, params_dtype=torch.float32,
+                 tensor_parallel=True):
         super().__init__()
-        self.weight = _sliced_parameter((output_size, input_size), 1, init_method, params_dtype)
+        self.tensor_parallel = tensor_parallel
+        self.weight = _sliced_parameter((output_size, input_size), 1, init_method, params_dtype, tensor_parallel)
         if bias:
             self.bias = nn.Parameter(torch.zeros(output_size, dtype=params_dtype))
         else:
             self.register_parameter("bias", None)
 
     def forward(self, x):
-        y = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight))
+        y = F.linear(x, self.weight)
+        if self.tensor_parallel:
+            y = reduce_from_tensor_model_parallel_region(y)
         return y + self.bias if self.bias is not None else y
