@@ -101,8 +101,9 @@ def _add_training_args(parser):
     g.add_argument("--checkpoint-num-layers", type=int, default=1)
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
-    g.add_argument("--pp-partition-method", type=str, default="type:transformer",
-                   help="accepted for compatibility; stages are always balanced by transformer layers")
+    g.add_argument("--pp-partition-method", type=str, default=None,
+                   help="pipeline split: flops (default: balance each stage's forward+backward FLOPs), or "
+                        "DeepSpeed's uniform / parameters / type:REGEX (the forks' default: type:transformer)")
 
 
 def _add_initialization_args(parser):
