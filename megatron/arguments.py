@@ -153,6 +153,8 @@ def _add_distributed_args(parser):
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--distributed-backend", choices=["nccl", "gloo", "ccl"], default=None,
                    help="default: nccl on CUDA, gloo on CPU")
+    g.add_argument("--no-shm-tp-all-reduce", dest="shm_tp_all_reduce", action="store_false",
+                   help="CPU: TP all-reduces through gloo even where the shared-memory path applies (TP=2, one host)")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the launcher")
     g.add_argument("--DDP-impl", default="local", choices=["local", "torch"],
                    help="accepted; the DeepSpeed engine does data-parallel reduction")

@@ -21,6 +21,8 @@ from megatron.arguments import ConfigError
 from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
 from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, write_model_info
 from megatron.training_state import saved_progress
+from megatron.checkpoint_reshard import saved_split
+from megatron.model.partition import DEFAULT_METHOD
 from megatron.model.shape import gpt2_variant
 
 # what must match for the saved tensors to fit the model being built
@@ -42,7 +44,15 @@ def _layout(args):
     # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases) and,
     # for an MoE model only (dense checkpoints are unchanged), its experts
     keys = LAYOUT_KEYS + (MOE_LAYOUT_KEYS if args.model_shape.is_moe else ())
-    return {**{key: getattr(args, key) for key in keys}, **args.model_shape.variant()}
+    return {**{key: getattr(args, key) for key in keys}, **args.model_shape.variant(), **_split(args)}
+
+
+def _split(args):
+    """Which stage holds which layer (--pp-partition-method) decides the files of a pipeline
+    checkpoint; recorded where it matters (PP > 1 on the pipeline engine)."""
+    pipeline = args.ds_pipeline_enabled and args.pipeline_model_parallel_size > 1
+    return {"pp_partition_method": args.model_shape.pp_partition_method or DEFAULT_METHOD} if pipeline else {}
+
 
 
 def _write_atomic(path, text):
@@ -120,7 +130,7 @@ def check_layout(load_dir, iteration, args):
     with open(path) as f:
         saved = json.load(f)
     # a checkpoint written before architecture variants existed is a GPT-2
-    saved = {**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved}
+    saved = saved_split({**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved})
     ours = _layout(args)
     if saved != ours:  # another TP x PP layout is resharded on load; another shape fails here
         from megatron.resume_reshard import plan_reshard

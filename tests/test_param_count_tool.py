@@ -1,4 +1,5 @@
 """tools/param_count.py: exact counts from flags alone, equal to the built model's."""
+import os
 import subprocess
 import sys
 
@@ -10,8 +11,10 @@ from megatron.model.shape import ModelShape
 
 
 def run_tool(*flags):
+    # this checkout's megatron (not the one `pip install -e` registered) for the tool's imports
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     proc = subprocess.run([sys.executable, "tools/param_count.py", *map(str, flags)], capture_output=True,
-                          text=True, timeout=60, check=True)
+                          text=True, timeout=60, check=True, env=env)
     return proc.stdout
 
 
