@@ -19,11 +19,10 @@ import torch.distributed as dist
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
 from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
-from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, write_model_info
-from megatron.training_state import saved_progress
-from megatron.checkpoint_reshard import saved_split
+from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, saved_split, write_model_info
 from megatron.model.partition import DEFAULT_METHOD
 from megatron.model.shape import gpt2_variant
+from megatron.training_state import saved_progress
 
 # what must match for the saved tensors to fit the model being built
 LAYOUT_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
@@ -52,7 +51,6 @@ def _split(args):
     checkpoint; recorded where it matters (PP > 1 on the pipeline engine)."""
     pipeline = args.ds_pipeline_enabled and args.pipeline_model_parallel_size > 1
     return {"pp_partition_method": args.model_shape.pp_partition_method or DEFAULT_METHOD} if pipeline else {}
-
 
 
 def _write_atomic(path, text):
