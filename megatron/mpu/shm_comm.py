@@ -8,8 +8,10 @@ sequence number, waits for its peers' numbers, and sums the slots itself.
 - Same results as gloo: a group of 2 ranks only, where the sum a + b is exact whatever the order
   (IEEE addition commutes) and max is max; larger groups keep gloo, whose ring order a local sum
   would not reproduce bit for bit.
-- Nothing left in /dev/shm: the file is unlinked as soon as every rank of the group has mapped it
-  (a barrier), so it outlives no process, whether the run ends normally, with an error or killed.
+- Nothing left in /dev/shm: the file (and each rank's FIFO, which wakes a rank that sleeps while
+  its peer is descheduled: with more ranks than cores, polling would take the peer's CPU) is
+  unlinked as soon as every rank of the group has opened it (a barrier), so it outlives no process,
+  whether the run ends normally, with an error or killed.
   Only a death during that set-up window could leave it; an atexit hook covers errors there.
 - Two buffers used alternately: a rank may write call n + 1 into one while a slower peer still
   reads call n from the other; it cannot reach call n + 2 before that peer has published n + 1,
@@ -22,8 +24,8 @@ import atexit
 import mmap
 import os
 import secrets
+import select
 import socket
-import time
 
 import torch
 import torch.distributed as dist
@@ -43,25 +45,36 @@ class SharedMemoryGroup:
         self.seq = 0
         flags = self.size * _FLAG_STRIDE
         total = flags + 2 * self.size * slot_bytes
-        name = [None]
+        # rank 0 names the data file and one FIFO per rank (its wake-up line); everyone opens all,
+        # then rank 0 unlinks them: open descriptors and the mapping outlive the names
+        names = [None]
         if self.rank == 0:
-            name = [os.path.join("/dev/shm", f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")]
-            fd = os.open(name[0], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            atexit.register(_unlink, name[0])  # an error before the barrier below
+            base = os.path.join("/dev/shm", f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+            names = [[base] + [f"{base}.wake{r}" for r in range(self.size)]]
+            for path in names[0]:
+                atexit.register(_unlink, path)  # an error before the barrier below
+            fd = os.open(base, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(fd, total)
             os.close(fd)
-        dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0), group=group)
-        self.path = name[0]
+            for path in names[0][1:]:
+                os.mkfifo(path, 0o600)
+        dist.broadcast_object_list(names, src=dist.get_global_rank(group, 0), group=group)
+        self.path, *fifos = names[0]
         try:
             fd = os.open(self.path, os.O_RDWR)
             try:
                 self._mmap = mmap.mmap(fd, total)
             finally:
                 os.close(fd)
+            # O_RDWR: a FIFO opens without waiting for the other end; writes never block (a full
+            # pipe already holds a wake-up for its reader)
+            self._wake = [os.open(path, os.O_RDWR | os.O_NONBLOCK) for path in fifos]
+            os.set_blocking(self._wake[self.rank], True)
         finally:
-            dist.barrier(group=group)  # every rank has mapped it (or failed): no name is needed any more
+            dist.barrier(group=group)  # every rank has opened them (or failed): no name is needed any more
             if self.rank == 0:
-                _unlink(self.path)
+                for path in names[0]:
+                    _unlink(path)
         memory = torch.frombuffer(self._mmap, dtype=torch.uint8)
         self._flags = memory[:flags].view(torch.int64)[::_FLAG_STRIDE // 8]
         self._data = memory[flags:]
@@ -71,18 +84,27 @@ class SharedMemoryGroup:
         return self._data[start:start + numel * dtype.itemsize].view(dtype)
 
     def _wait(self, seq):
-        polls, deadline = 0, None
+        """Until every rank has published `seq`: poll briefly (TP peers run in lockstep), then sleep
+        in a read of this rank's FIFO, which a peer writes after publishing. A ready flag may
+        leave a wake-up unread; a later read returns at once and the loop checks the flags again."""
+        polls = 0
         while not bool((self._flags >= seq).all()):
             polls += 1
-            if polls < 64:  # TP peers run in lockstep: the peer is usually microseconds away
-                os.sched_yield()
+            if polls < 32:
                 continue
-            # a slow peer (more ranks than cores): sleep rather than take its CPU
-            time.sleep(5e-5)
-            if deadline is None:
-                deadline = time.monotonic() + _TIMEOUT_S
-            elif time.monotonic() > deadline:
+            ready, _, _ = select.select([self._wake[self.rank]], [], [], _TIMEOUT_S)
+            if not ready:
                 raise RuntimeError(f"shared-memory TP all-reduce: a peer did not arrive within {_TIMEOUT_S:.0f} s")
+            os.read(self._wake[self.rank], 4096)
+
+    def _publish(self, seq):
+        self._flags[self.rank] = seq  # after the data (x86 keeps stores in order)
+        for rank, fd in enumerate(self._wake):
+            if rank != self.rank:
+                try:
+                    os.write(fd, b"1")
+                except BlockingIOError:  # the pipe is full of unread wake-ups: the peer will look
+                    pass
 
     def all_reduce(self, x, op=dist.ReduceOp.SUM):
         """In place, like dist.all_reduce; x contiguous."""
@@ -93,7 +115,7 @@ class SharedMemoryGroup:
             self.seq += 1
             buffer = self.seq % 2
             self._slot(buffer, self.rank, x.dtype, part.numel()).copy_(part)
-            self._flags[self.rank] = self.seq  # publish after the data (x86 keeps stores in order)
+            self._publish(self.seq)
             self._wait(self.seq)
             slots = [self._slot(buffer, r, x.dtype, part.numel()) for r in range(self.size)]
             if op == dist.ReduceOp.SUM:
