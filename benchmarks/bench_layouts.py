@@ -1,74 +1,130 @@
-"""Throughput of (TP, PP) layouts: real `deepspeed --num_gpus N pretrain_gpt.py` runs on CPU ranks
-(gloo), same model and global batch, read from the trainer's own per-iteration log line
-("samples per second: X | TFLOPs: Y", TFLOPs per rank from megatron.model.analytic.flops_per_sample).
+"""Throughput of (TP, PP) layouts on the bundled corpus: real DeepSpeed launches of pretrain_gpt.py
+on CPU ranks (gloo), same model, data and global batch, read from the trainer's own per-iteration
+log line ("samples per second: X | TFLOPs: Y", TFLOPs per rank from the FLOPs formula), plus each
+pipeline stage's busy and waiting time (benchmarks/pretrain_stage_timed.py).
 
-Every layout gets the whole machine: OMP_NUM_THREADS = --cores / ranks. The first --skip
+Each layout gets the whole machine: OMP_NUM_THREADS = --cores / ranks. The first --skip
 iterations of each run (allocator and thread-pool warm-up) are dropped; a run's figure is the
-median of the rest, and with --reps > 1 the layouts are launched round-robin and the median
-over rounds is shown.
+median of the rest. With --reps > 1 the layouts are launched round-robin (interleaved, so a load
+change hits every layout alike) and the median over rounds is shown; "vs TP=1 PP=1" is the
+median of each round's ratio to that round's TP=1 PP=1 run.
 
-Usage: python benchmarks/bench_layouts.py [--iters 6] [--reps 1] [--global-batch 8] [model flags]
+--before adds, for each parallel layout, a run with the earlier defaults: DeepSpeed's
+type:transformer split and the TP all-reduces through gloo (--no-shm-tp-all-reduce).
+
+Usage: python benchmarks/bench_layouts.py [--iters 10] [--reps 3] [--before] [model flags]
 """
 import argparse
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 import common
 from megatron.launch import logged_iterations, run_deepspeed
 
-LAYOUTS = [(1, 1), (2, 1), (1, 2)]
+LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+BEFORE = ["--pp-partition-method", "type:transformer", "--no-shm-tp-all-reduce"]
 FLOPS_LINE = re.compile(r"FLOPs per sample \(model, fwd\+bwd\): ([0-9,]+)")  # the startup report
+STAGE_TIME = re.compile(r"STAGE_TIME stage=(\d+) tp=(\d+) iteration=(\d+) busy=([0-9.]+) waiting=([0-9.]+)")
+SPLIT_ROW = re.compile(r"^\s+(\d+) \| (.+?)\s+\| ([0-9.]+%)$", re.M)  # the startup report's split table
 
 
-def launch(tp, pp, a):
+def corpus(workdir=None):
+    """The bundled corpus, preprocessed as the quickstart does (once per benchmark run)."""
+    out = tempfile.mkdtemp(prefix="bench_layouts_", dir=workdir)
+    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/corpus.jsonl",
+                    "--output-prefix", os.path.join(out, "corpus"), "--vocab-file", "data/gpt2-vocab.json",
+                    "--merge-file", "data/gpt2-merges.txt", "--append-eod", "--workers", "1"],
+                   cwd=common.ROOT, check=True, capture_output=True)
+    return os.path.join(out, "corpus_text_document")
+
+
+def flags_for(a, tp, pp, data, extra):
+    return [str(f) for f in [
+        "--num-layers", a.layers, "--hidden-size", a.hidden, "--num-attention-heads", a.heads,
+        "--seq-length", a.seq, "--max-position-embeddings", a.seq, "--micro-batch-size", a.micro_batch,
+        "--global-batch-size", a.global_batch, "--train-iters", a.iters, "--lr", 1e-4, "--lr-warmup-iters", 1,
+        "--data-path", data, "--vocab-file", "data/gpt2-vocab.json", "--merge-file", "data/gpt2-merges.txt",
+        "--split", "98,2,0", "--hidden-dropout", 0, "--attention-dropout", 0, "--eval-iters", 0,
+        "--eval-interval", 10 ** 6, "--log-interval", 1, "--seed", 1234,
+        "--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp, *extra]]
+
+
+def launch(tp, pp, extra, a, data):
     ranks = tp * pp
-    flags = common.trainer_flags(a.layers, a.hidden, a.heads, a.seq, a.micro_batch, a.vocab,
-                                 global_batch=a.global_batch, train_iters=a.iters, log_interval=1,
-                                 extra=["--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp])
-    proc = run_deepspeed(ranks, "pretrain_gpt.py", flags, threads_per_rank=max(1, a.cores // ranks))
+    proc = run_deepspeed(ranks, "benchmarks/pretrain_stage_timed.py", flags_for(a, tp, pp, data, extra),
+                         threads_per_rank=max(1, a.cores // ranks))
     kept = [(f["samples per second"], f["TFLOPs"]) for i, f in logged_iterations(proc.stdout).items() if i > a.skip]
     flops = FLOPS_LINE.search(proc.stdout)
     if proc.returncode != 0 or not kept or not flops:
-        sys.exit(f"TP={tp} PP={pp} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+        sys.exit(f"TP={tp} PP={pp} {extra} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
     samples_per_second = common.median([s for s, _ in kept])
-    # the log prints TFLOPs with 2 decimals; the same formula from samples/s keeps more digits
     gflops_per_rank = int(flops.group(1).replace(",", "")) * samples_per_second / ranks / 1e9
-    return samples_per_second, common.median([t for _, t in kept]), gflops_per_rank
+    return samples_per_second, gflops_per_rank, _stage_shares(proc.stdout, a.skip), _split(proc.stdout)
+
+
+def _stage_shares(output, skip):
+    """{stage: (busy s, waiting s) per iteration} on TP rank 0, over the iterations after `skip`."""
+    at = {}
+    for m in STAGE_TIME.finditer(output):
+        stage, tp, iteration = map(int, m.group(1, 2, 3))
+        if tp == 0:
+            at[(stage, iteration)] = (float(m.group(4)), float(m.group(5)))
+    shares = {}
+    for stage in sorted({s for s, _ in at}):
+        last = max(i for s, i in at if s == stage)
+        if last <= skip:
+            continue
+        (b1, w1), (b0, w0) = at[(stage, last)], at[(stage, skip)]
+        shares[stage] = ((b1 - b0) / (last - skip), (w1 - w0) / (last - skip))
+    return shares
+
+
+def _split(output):
+    return "; ".join(f"{holds}" for _, holds, _ in SPLIT_ROW.findall(output)) or "-"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.add_model_args(parser, micro_batch=2)
+    common.add_model_args(parser, layers=4, hidden=128, heads=4, seq=256, micro_batch=2, vocab=8192)
     parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=6, help="training iterations per run")
-    parser.add_argument("--skip", type=int, default=2, help="leading iterations not counted")
-    parser.add_argument("--reps", type=int, default=1, help="round-robin rounds of all layouts")
+    parser.add_argument("--iters", type=int, default=10, help="training iterations per run")
+    parser.add_argument("--skip", type=int, default=3, help="leading iterations not counted")
+    parser.add_argument("--reps", type=int, default=3, help="round-robin rounds of all layouts")
     parser.add_argument("--cores", type=int, default=os.cpu_count(), help="split among each layout's ranks")
+    parser.add_argument("--before", action="store_true", help="also the earlier defaults (see the docstring)")
+    parser.add_argument("--workdir", default=None, help="where the preprocessed corpus goes (default: $TMPDIR)")
     a = parser.parse_args()
+    data = corpus(a.workdir)
+    runs = [(tp, pp, "") for tp, pp in LAYOUTS]
+    if a.before:
+        runs += [(tp, pp, "before") for tp, pp in LAYOUTS if (tp, pp) != (1, 1)]
 
     def measure_round():
-        return {layout: launch(*layout, a) for layout in LAYOUTS}
+        return {run: launch(run[0], run[1], BEFORE if run[2] else [], a, data) for run in runs}
 
-    # every layout uses all cores, so any foreign load slows it
-    rounds = common.Rounds(max_load=common.spare_cores(a.cores), retries=1)
+    # the machine is shared: every round is kept (retries=0) and the foreign load is reported
+    rounds = common.Rounds(max_load=common.spare_cores(a.cores), retries=0, quiet_timeout=5)
     results = rounds.run(a.reps, measure_round)
-    base = results[(1, 1)]
+    base = results[(1, 1, "")]
     rows = []
-    for (tp, pp), per_round in results.items():
-        ranks = tp * pp
-        micro_batches = a.global_batch // a.micro_batch  # DP = 1 in every layout
+    for (tp, pp, tag), per_round in results.items():
         samples = common.median([r[0] for r in per_round])
         ratio = common.median([r[0] / b[0] for r, b in zip(per_round, base)])
-        rows.append((f"TP={tp} PP={pp}", ranks, max(1, a.cores // ranks), micro_batches,
-                     f"{(pp - 1) / (micro_batches + pp - 1):.2f}", f"{samples * a.seq:,.0f}", f"{ratio:.2f}",
-                     f"{common.median([r[1] for r in per_round]):.2f}",
-                     f"{common.median([r[2] for r in per_round]):.1f}"))
-    print(f"model {common.model_label(a)}, fp32, global batch {a.global_batch}, {a.iters} iterations per run "
-          f"(first {a.skip} dropped), median of {a.reps} round(s)")
-    print(common.table(["layout", "ranks", "threads / rank", "micro-batches / iteration",
-                        "ideal pipeline bubble", "tokens / s", "vs TP=1 PP=1", "TFLOPs / rank (log line)",
-                        "GFLOP/s / rank"], rows))
+        stages = per_round[0][2]
+        busy_wait = ", ".join(
+            f"{s}: {1e3 * common.median([r[2][s][0] for r in per_round]):.0f} / "
+            f"{1e3 * common.median([r[2][s][1] for r in per_round]):.0f}" for s in sorted(stages)) if pp > 1 else "-"
+        label = f"TP={tp} PP={pp}" + (" (before: type:transformer, gloo TP)" if tag else "")
+        rows.append((label, tp * pp, max(1, a.cores // (tp * pp)), f"{samples * a.seq:,.0f}", f"{ratio:.2f}",
+                     f"{common.median([r[1] for r in per_round]):.1f}", per_round[0][3] if pp > 1 else "-",
+                     busy_wait))
+    print(f"model {common.model_label(a)} on the bundled corpus, fp32, gloo, global batch {a.global_batch}, "
+          f"{a.iters} iterations per run (first {a.skip} dropped), median of {a.reps} interleaved round(s)")
+    print(common.table(["layout", "ranks", "threads / rank", "tokens / s", "vs TP=1 PP=1", "GFLOP/s / rank",
+                        "stages (split)", "per stage: busy / waiting ms per iteration"], rows))
     print(rounds.note())
 
 

@@ -123,8 +123,9 @@ def _add_training_args(parser):
                    help="N of --activations-checkpoint-method (default: --checkpoint-num-layers)")
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
-    g.add_argument("--pp-partition-method", type=str, default="type:transformer",
-                   help="accepted for compatibility; stages are always balanced by transformer layers")
+    g.add_argument("--pp-partition-method", type=str, default=None,
+                   help="pipeline split: flops (default: balance each stage's forward+backward FLOPs), or "
+                        "DeepSpeed's uniform / parameters / type:REGEX (the forks' default: type:transformer)")
 
 
 def _add_initialization_args(parser):
@@ -186,6 +187,8 @@ def _add_distributed_args(parser):
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--distributed-backend", choices=["nccl", "gloo", "ccl"], default=None,
                    help="default: nccl on CUDA, gloo on CPU")
+    g.add_argument("--no-shm-tp-all-reduce", dest="shm_tp_all_reduce", action="store_false",
+                   help="CPU: TP all-reduces through gloo even where the shared-memory path applies (TP=2, one host)")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the launcher")
     g.add_argument("--DDP-impl", default="local", choices=["local", "torch"],
                    help="accepted; the DeepSpeed engine does data-parallel reduction")

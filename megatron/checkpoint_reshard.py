@@ -33,7 +33,7 @@ LAYOUT_FILE = "megatron_layout.json"
 MODEL_FILE = "megatron_model.json"
 # layout keys that say how the model was cut, not what it is (the padded vocab follows the TP size)
 PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "ds_pipeline_enabled",
-                 "padded_vocab_size")
+                 "padded_vocab_size", "pp_partition_method")
 
 
 def write_model_info(step_dir, args):
@@ -98,6 +98,13 @@ def tp_cut(full, spec, tp, tp_rank):
     return full.chunk(tp, dim=spec.partition_dim)[tp_rank]
 
 
+def saved_split(layout):
+    """A checkpoint saved at PP > 1 before the split was recorded was split by type:transformer."""
+    if layout.get("ds_pipeline_enabled") and layout.get("pipeline_model_parallel_size", 1) > 1:
+        return {"pp_partition_method": "type:transformer", **layout}
+    return layout
+
+
 def shape_from_layout(layout, where, seq_length=None):
     """The ModelShape a checkpoint was saved with; a layout key this code does not know (a newer
     trainer's architecture variant) is an error naming it."""
@@ -106,7 +113,7 @@ def shape_from_layout(layout, where, seq_length=None):
     if unknown:
         raise ConfigError(f"{where}: layout keys {', '.join(f'{k}={layout[k]}' for k in unknown)} are unknown to "
                           f"this version of the code; read it with the trainer version that wrote it")
-    kwargs = {k: v for k, v in layout.items() if k in fields and k != "vocab_size"}
+    kwargs = {k: v for k, v in saved_split(layout).items() if k in fields and k != "vocab_size"}
     # the saved (padded) vocab as the vocab: padding it again at its own TP size changes nothing
     kwargs.update(vocab_size=layout["padded_vocab_size"], make_vocab_size_divisible_by=1,
                   seq_length=seq_length or layout["max_position_embeddings"])

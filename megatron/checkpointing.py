@@ -19,10 +19,11 @@ import torch.distributed as dist
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
 from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
-from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, write_model_info
-from megatron.training_state import saved_progress
+from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, saved_split, write_model_info
+from megatron.model.partition import DEFAULT_METHOD
 from megatron.universal_checkpoint import attach_universal_checkpoint_info
 from megatron.model.shape import gpt2_variant
+from megatron.training_state import saved_progress
 
 # what must match for the saved tensors to fit the model being built
 LAYOUT_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
@@ -43,7 +44,14 @@ def _layout(args):
     # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases) and,
     # for an MoE model only (dense checkpoints are unchanged), its experts
     keys = LAYOUT_KEYS + (MOE_LAYOUT_KEYS if args.model_shape.is_moe else ())
-    return {**{key: getattr(args, key) for key in keys}, **args.model_shape.variant()}
+    return {**{key: getattr(args, key) for key in keys}, **args.model_shape.variant(), **_split(args)}
+
+
+def _split(args):
+    """Which stage holds which layer (--pp-partition-method) decides the files of a pipeline
+    checkpoint; recorded where it matters (PP > 1 on the pipeline engine)."""
+    pipeline = args.ds_pipeline_enabled and args.pipeline_model_parallel_size > 1
+    return {"pp_partition_method": args.model_shape.pp_partition_method or DEFAULT_METHOD} if pipeline else {}
 
 
 def _write_atomic(path, text):
@@ -122,8 +130,9 @@ def check_layout(load_dir, iteration, args):
     with open(path) as f:
         saved = json.load(f)
     # a checkpoint written before architecture variants existed is a GPT-2
-    saved = {**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved}
-    # another shape or precision fails here; another TP x PP x DP layout or ZeRO stage is resharded on load
+    saved = saved_split({**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved})
+    # another shape or precision fails here; another TP x PP x DP layout, pipeline split or ZeRO stage
+    # is resharded on load
     from megatron.resume_reshard import plan_reshard
     plan_reshard(load_dir, iteration, saved, _layout(args), args)
 

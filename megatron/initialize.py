@@ -52,6 +52,10 @@ def _initialize_distributed(args):
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
     mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    if backend == "gloo" and args.shm_tp_all_reduce:
+        from megatron import print_rank_0
+        from megatron.mpu.shm_comm import enable_for_tensor_model_parallel
+        print_rank_0(enable_for_tensor_model_parallel(mpu.get_tensor_model_parallel_group()))
     if args.deepspeed_activation_checkpointing:
         from megatron.mpu.random import configure_deepspeed_checkpointing
         configure_deepspeed_checkpointing(args, mpu)

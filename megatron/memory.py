@@ -287,7 +287,7 @@ def activation_bytes(shape, setup, stage):
     head = _head_activation_bytes(shape, setup, b) if stage == pp - 1 else 0
     per_layer = layer_activation_bytes(shape, setup, b)
     in_flight = min(pp - stage, setup.num_micro_batches) if setup.pipeline else 1
-    if not setup.checkpoint_activations:
+    if not setup.checkpoint_activations or layers == 0:  # a stage of only the head recomputes nothing
         per_micro_batch = layers * per_layer + embedding + head
         return in_flight * per_micro_batch, per_micro_batch, in_flight
     k = min(setup.checkpoint_num_layers, layers)

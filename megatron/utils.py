@@ -204,7 +204,8 @@ def compute_moe_parameter_counts(model, mpu, shape):
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
     component = _component_of_parameters(model, shape)
     layers = [m for m in model.modules() if isinstance(m, ParallelTransformerLayer)]
-    num_layers = layers[0].total_layers  # one slot per layer of the model, on every stage
+    # one slot per layer of the model, on every stage (a stage may hold no transformer layer)
+    num_layers = getattr(model, "num_transformer_layers", None) or layers[0].total_layers
     owned = dict.fromkeys(COMPONENTS, 0)
     # per layer of the model: (owned expert elements, E, top-k); E and k from one rank per stage
     experts_by_layer = [0] * (3 * num_layers)
@@ -309,6 +310,7 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
         "  stage | layers | params per TP rank 0 | owned params (all TP ranks)",
     ]
     lines += [f"  {stage:5d} | {s.layers:6d} | {s.held:20,} | {s.owned:,}" for stage, s in enumerate(counts.stages)]
+    lines += pipeline_split_lines(shape)
     lines.append("  component           | params")
     # the components this variant has (a rotary model has no position table, a tied one no output layer)
     lines += [f"  {name:19s} | {counts.components[name]:,}" for name in COMPONENTS if counts.components[name]]
@@ -318,6 +320,22 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
                      if checkpoint_method == "block" else ", recompute")
     flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers)
     lines.append(f"FLOPs per sample (model, fwd+bwd{recompute}): {flops:,}")
+    return lines
+
+
+def pipeline_split_lines(shape):
+    """Each stage's layers and share of the model FLOPs (forward + backward, no recompute), so the
+    imbalance of any split shows; the memory table gives each stage's predicted bytes."""
+    if shape.pipeline_model_parallel_size == 1:
+        return []
+    from megatron.model.partition import DEFAULT_METHOD, describe_stage, stage_items
+    method = shape.pp_partition_method or f"{DEFAULT_METHOD}, the default: balanced by FLOPs"
+    per_stage = stage_items(shape)
+    total = sum(item.flops for items in per_stage for item in items)
+    lines = [f"pipeline split (--pp-partition-method {method}):", "  stage | holds" + " " * 30 + "| FLOPs share"]
+    for stage, items in enumerate(per_stage):
+        share = 100 * sum(item.flops for item in items) / total
+        lines.append(f"  {stage:5d} | {describe_stage(items, shape.num_layers):34s} | {share:.2f}%")
     return lines
 
 

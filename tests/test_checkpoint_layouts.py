@@ -109,8 +109,15 @@ def test_resume_tp2_pp2_at_tp1_pp1(original, tp1_no_pipe):
 
 def test_resume_tp2_pp2_at_tp1_pp2(corpus, original):
     tmp = original["tmp"] / "tp1pp2"
-    proc, ranks = launch(2, args_for(corpus, 1, 2) + ["--load", original["at2"], "--exit-interval", 4], str(tmp))
+    # the original's default split balances FLOPs: the logits (2 s h V, V = 10000) cost 12 layers,
+    # so both layers sit on stage 0 and stage 1 holds the norm and output layer; this run splits
+    # as DeepSpeed's type:transformer does, one layer per stage, so layer 2 moves to stage 1
+    proc, ranks = launch(2, args_for(corpus, 1, 2) + ["--load", original["at2"], "--exit-interval", 4,
+                                                      "--pp-partition-method", "type:transformer"], str(tmp))
     assert "resuming TP=2 x PP=2 checkpoint" in proc.stdout and "at TP=1 x PP=2: resharding" in proc.stdout
+    assert "      1 | layer 2, norm, output layer " in proc.stdout
+    assert json.load(open(os.path.join(original["ckpt"], "global_step2", "megatron_layout.json")))[
+        "pp_partition_method"] == "flops"
     _assert_continues(ranks[1], original["last"], (3, 4))
     assert ranks[1]["gigaflos_no_embeds"] == pytest.approx(original["last"]["gigaflos_no_embeds"], rel=1e-12)
     assert log_lines(proc.stdout)[4] == pytest.approx(original["log"][4], rel=1e-12)

@@ -1,4 +1,5 @@
 """tools/param_count.py: exact counts from flags alone, equal to the built model's."""
+import os
 import subprocess
 import sys
 
@@ -6,12 +7,14 @@ import pytest
 
 from distributed import run_distributed
 from megatron.model.analytic import analytic_parameter_counts
-from megatron.model.shape import ModelShape, partition_layers
+from megatron.model.shape import ModelShape
 
 
 def run_tool(*flags):
+    # this checkout's megatron (not the one `pip install -e` registered) for the tool's imports
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     proc = subprocess.run([sys.executable, "tools/param_count.py", *map(str, flags)], capture_output=True,
-                          text=True, timeout=60, check=True)
+                          text=True, timeout=60, check=True, env=env)
     return proc.stdout
 
 
@@ -33,7 +36,9 @@ def test_vocab_file_and_per_stage_split():
                    "--global-batch-size", 16, "--checkpoint-activations")
     # the bundled vocab has 8192 entries: already a multiple of 128
     assert "padded vocab size: 8,192 (vocab 8,192" in out
-    assert partition_layers(8, 3) == [3, 3, 2]
+    # the default split balances FLOPs: a layer 24 s h^2 + 4 s^2 h = 8,589,934,592 forward, the
+    # logits 2 s h V = 8,589,934,592 too: 9 equal units over 3 stages, 3 + 3 + (2 layers + logits)
+    assert "      2 | layers 7-8, norm, output layer " in out
     per_layer = 12 * 512 * 512 + 13 * 512
     embeddings = 8192 * 512 + 1024 * 512
     # stage | layers | held by TP rank 0 | owned: the last stage also holds the tied embedding copy

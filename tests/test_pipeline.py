@@ -1,7 +1,13 @@
 """PP=2 equals PP=1 through DeepSpeed's pipeline engine, and both equal a plain step without
 DeepSpeed clipped by torch.nn.utils.clip_grad_norm_: same initial weights, same loss, same
 gradient norm and update, and the tied word embedding gets the gradient of both its uses and
-stays identical on both stages."""
+stays identical on both stages.
+
+The PP=2 run takes the default split, balanced by FLOPs (megatron/model/partition.py). By hand,
+forward per sample: a layer 24 s h^2 + 4 s^2 h = 24*16*32^2 + 4*16^2*32 = 425,984, the logits
+2 s h V = 2*16*32*1024 = 1,048,576. Split 3 | 0 layers: stages 1,277,952 and 1,048,576; split
+2 | 1: 851,968 and 1,474,560. So the first stage takes all three layers and the last stage holds
+only the final norm and the output layer."""
 import pytest
 import torch
 
@@ -9,6 +15,7 @@ from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
 
 MICRO_BATCHES = 2
+VOCAB = 1024  # large enough that the balanced split gives the last stage no transformer layer
 CLIP = 0.5  # below the first step's gradient norm, so clipping is active
 
 
@@ -17,7 +24,7 @@ def _pipeline_step():
     from megatron import mpu
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.optimizer import install_gradient_clipping
-    config = tiny_config(num_layers=3)
+    config = tiny_config(num_layers=3, vocab_size=VOCAB)
     model = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -35,13 +42,14 @@ def _pipeline_step():
     train_loss = engine.train_batch(iter(batches)).item()
     return {"grad_norm": float(engine.get_global_grad_norm()), "initial": initial,
             "updated": {k: v.clone() for k, v in model.state_dict().items()},
-            "eval_loss": eval_loss, "train_loss": train_loss, "stage": mpu.get_pipeline_model_parallel_rank()}
+            "eval_loss": eval_loss, "train_loss": train_loss, "stage": mpu.get_pipeline_model_parallel_rank(),
+            "parts": list(model.parts)}
 
 
 def _plain_step():
     """The same step on the plain module (no DeepSpeed, no pipeline), clipped by torch."""
     from megatron.model.gpt_model import GPTModel
-    config = tiny_config(num_layers=3)
+    config = tiny_config(num_layers=3, vocab_size=VOCAB)
     model = GPTModel(config, seed=SEED)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     loss = 0.0
@@ -78,6 +86,8 @@ def test_pp2_matches_pp1_and_keeps_tied_embedding_in_sync():
     for key, value in plain["updated"].items():
         torch.testing.assert_close(ref["updated"][key], value, rtol=1e-5, atol=1e-6, msg=key)
     stages = run_distributed(2, _pipeline_step, pp=2)
+    # items: embedding, 3 layers | final norm, output layer (see the module docstring)
+    assert stages[0]["parts"] == [0, 4, 6]
     word = "tied_modules.embed.word_embeddings.weight"
     layer_keys = set()
     for out in stages:

@@ -6,8 +6,10 @@ import pytest
 from distributed import run_distributed
 from megatron.model.shape import ModelShape, pad_vocab_size
 
+# split as upstream split the seed's PP=2 run (both forks' default, DeepSpeed's type:transformer);
+# this trainer's default would balance FLOPs instead (tests/test_pipeline_partition.py)
 SEED_MODEL = dict(num_layers=8, hidden_size=512, num_attention_heads=8, seq_length=1024,
-                  max_position_embeddings=1024, ffn_hidden_size=2048)
+                  max_position_embeddings=1024, ffn_hidden_size=2048, pp_partition_method="type:transformer")
 VOCAB = 50257
 
 

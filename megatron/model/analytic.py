@@ -175,16 +175,11 @@ def parameter_table(shape):
 
 
 def stage_of_layer(shape, layer):
-    """Pipeline stage holding GPTModelPipe layer `layer` (the embedding on the first stage, the
-    final norm and output layer on the last)."""
-    if layer == 0:
-        return 0
-    bound = 0
-    for stage, n in enumerate(shape.layers_per_stage()):
-        bound += n
-        if layer <= bound:
-            return stage
-    return shape.pipeline_model_parallel_size - 1
+    """Pipeline stage holding GPTModelPipe layer `layer` under the shape's split
+    (megatron/model/partition.py; the embedding is always on the first stage, the output layer on
+    the last)."""
+    from .partition import stage_of_item_layer  # partition.py reads this module's table
+    return stage_of_item_layer(shape)[layer]
 
 
 def stage_parameters(shape, stage):
@@ -274,15 +269,25 @@ def flops_per_sample(shape, checkpoint_activations, method=None, num_layers=1):
     the first `num_layers` of each stage with method "block"). The logit layer 2shV, tied or not,
     is never recomputed (factor 3). Elementwise work (norms, activations, softmax, biases, rotary,
     ALiBi) is ignored and causal attention is counted as dense, as the kernels compute it."""
+    per_layer = layer_forward_flops(shape)
+    method = (method or "uniform") if checkpoint_activations else None
+    recompute = sum(per_layer[i] for i in recomputed_layers(shape, method, num_layers))
+    return 3 * sum(per_layer) + recompute + 3 * logits_forward_flops(shape)
+
+
+def layer_forward_flops(shape):
+    """Forward FLOPs per sample of each transformer layer (see flops_per_sample)."""
     s, h = shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     qkv = 2 * s * h * (a * d + 2 * g * d)
     attention = 4 * s * s * a * d
     projection = 2 * s * a * d * h
-    per_layer = [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape)]
-    method = (method or "uniform") if checkpoint_activations else None
-    recompute = sum(per_layer[i] for i in recomputed_layers(shape, method, num_layers))
-    return 3 * sum(per_layer) + recompute + 3 * 2 * s * h * shape.padded_vocab_size
+    return [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape)]
+
+
+def logits_forward_flops(shape):
+    """The output layer's 2shV per sample (tied or not)."""
+    return 2 * shape.seq_length * shape.hidden_size * shape.padded_vocab_size
 
 
 def gigaflos_no_embeds(samples, seq_length, parameters_no_embedding):

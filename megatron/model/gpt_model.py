@@ -6,6 +6,8 @@ same layer order (0: embedding, 1..L: transformer layers, L+1: final norm, L+2: 
 so every TP x PP layout and both wrappers start from the same full weights. The output layer is
 the word embedding (tied, GPT-2) or, with --untie-embeddings-and-output-weights, its own weight.
 """
+import dataclasses
+
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.utils import set_random_seed
@@ -14,6 +16,7 @@ from torch import nn
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
 from .moe import add_moe_loss, pack_moe_loss, record_moe_loss, unpack_moe_loss
+from .partition import DEFAULT_METHOD, stage_parts
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpoint_chunks, checkpointed, run_layers
 
 
@@ -118,9 +121,15 @@ class GPTModelPipe(PipelineModule):
                                        tied_weight_attr="word_embeddings_weight"))
         else:
             specs.append(LayerSpec(OutputLayer, config))
+        # the analytic split (partition.py; balanced by FLOPs by default) for the topology's stages
+        self._parts = stage_parts(dataclasses.replace(shape, pipeline_model_parallel_size=topology.get_dim("pipe")))
+        method = shape.pp_partition_method or DEFAULT_METHOD
         super().__init__(layers=specs, loss_fn=_pipe_loss if moe_loss is None else moe_loss.loss, topology=topology,
-                         seed_layers=True, base_seed=seed, seed_fn=_seed_layer,
-                         partition_method="type:transformer")
+                         seed_layers=True, base_seed=seed, seed_fn=_seed_layer, partition_method=method)
+        if tuple(self.parts) != self._parts:  # DeepSpeed's own methods: it split, we predicted
+            raise RuntimeError(f"--pp-partition-method {method}: DeepSpeed split the layers at {list(self.parts)}, "
+                               f"megatron/model/partition.py predicts {list(self._parts)}")
+        self.num_transformer_layers = shape.num_layers
         # seed_layers is for building only: left on, DeepSpeed would also reseed every layer in
         # every forward from a micro-batch counter that checkpoints do not save, so a resumed
         # run would replay the first iterations' dropout masks
@@ -129,6 +138,15 @@ class GPTModelPipe(PipelineModule):
         self.checkpoint_method = config.checkpoint_method
         self.moe_loss = moe_loss
         self.is_moe = shape.is_moe  # whether or not this stage holds an MoE layer
+
+    def _partition_layers(self, method):
+        """DeepSpeed's methods stay DeepSpeed's (checked against ours above); its PipelineModule
+        has no method that weighs layers by cost, so the default split is set here."""
+        if method.lower() != DEFAULT_METHOD:
+            return super()._partition_layers(method=method)
+        self.parts = list(self._parts)
+        stage = self.stage_id
+        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
 
     def forward(self, forward_input):
         """This stage's layers. An MoE model passes (hidden states, moe loss) between its layers

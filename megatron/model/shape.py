@@ -37,14 +37,6 @@ def pad_vocab_size(orig_vocab_size, make_vocab_size_divisible_by, tensor_model_p
     return ((orig_vocab_size + multiple - 1) // multiple) * multiple
 
 
-def partition_layers(num_layers, num_stages):
-    """Transformer layers per pipeline stage: as even as possible, earlier stages take the
-    remainder. This is how DeepSpeed's `type:transformer` partitioning splits GPTModelPipe;
-    the startup cross-check compares it with the stages actually built."""
-    base, extra = divmod(num_layers, num_stages)
-    return [base + (1 if stage < extra else 0) for stage in range(num_stages)]
-
-
 def moe_fields_from_args(args):
     """The MoE flags (megatron/arguments.py: _add_moe_args); absent ones keep the dense defaults."""
     names = ("num_experts", "expert_interval", "topk", "moe_expert_parallel_size", "mlp_type",
@@ -83,6 +75,8 @@ class ModelShape:
     pad_vocab_size_to: int = None        # BigScience's --pad-vocab-size-to: exactly this many rows
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    # which stage holds which layer (megatron/model/partition.py); None: balanced by FLOPs
+    pp_partition_method: str = None
     # architecture variants (GPT-2 when left at their defaults)
     position_embedding_type: str = "absolute"  # absolute (learned table), rotary, alibi, none
     rotary_percent: float = 1.0                # rotary on the first int(head dim x this) channels of a head
@@ -171,6 +165,10 @@ class ModelShape:
                 f"--seq-length {self.seq_length} exceeds --max-position-embeddings "
                 f"{self.max_position_embeddings}: raise --max-position-embeddings or shorten the sequence")
         self._validate_moe()
+        if self.vocab_size is not None:  # the split weighs the output layer: known once the vocab is
+            from .partition import method_error
+            error = method_error(self.pp_partition_method, self)
+            require(error is None, error)
 
     def _validate_pad_vocab(self):
         """BigScience's rule (its tokenizer.py) plus the TP split that VocabParallelEmbedding needs."""
@@ -230,6 +228,7 @@ class ModelShape:
                    pad_vocab_size_to=getattr(args, "pad_vocab_size_to", None),
                    tensor_model_parallel_size=args.tensor_model_parallel_size,
                    pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                   pp_partition_method=getattr(args, "pp_partition_method", None),
                    position_embedding_type=_position_embedding_type(args),
                    rotary_percent=getattr(args, "rotary_percent", 1.0),
                    glu_activation=args.glu_activation, swiglu=args.swiglu, normalization=args.normalization,
@@ -264,7 +263,9 @@ class ModelShape:
         return not self.untie_embeddings_and_output_weights
 
     def layers_per_stage(self):
-        return partition_layers(self.num_layers, self.pipeline_model_parallel_size)
+        """Transformer layers per pipeline stage under the shape's split (partition.py)."""
+        from .partition import TRANSFORMER_ITEM, stage_items
+        return [sum(item.name == TRANSFORMER_ITEM for item in items) for items in stage_items(self)]
 
     def variant(self):
         """What, besides the sizes, decides which tensors the model has (checkpoint layouts)."""

@@ -1,15 +1,17 @@
 """Cross entropy over logits split along the vocabulary across TP ranks, without gathering them:
-the max, the sum of exponentials and the target logit are each all-reduced as scalars per token."""
+the max, then the sum of exponentials and the target logit together (one all-reduce of both), are
+all-reduced as scalars per token."""
 import torch
 import torch.distributed as dist
 
 from .parallel_state import (get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
                              get_tensor_model_parallel_world_size)
+from .shm_comm import tensor_model_parallel_all_reduce
 
 
 def _all_reduce(x, op):
     if get_tensor_model_parallel_world_size() > 1:
-        dist.all_reduce(x, op=op, group=get_tensor_model_parallel_group())
+        tensor_model_parallel_all_reduce(x, op, get_tensor_model_parallel_group())
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -26,11 +28,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         outside = (target < start) | (target >= start + per_rank)
         local_target = (target - start).masked_fill(outside, 0)
         predicted = logits.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        _all_reduce(predicted, dist.ReduceOp.SUM)
-
         exp_logits = logits.exp_()  # logits is our own shifted copy: no second [.., V] buffer
-        sum_exp = exp_logits.sum(dim=-1)
-        _all_reduce(sum_exp, dist.ReduceOp.SUM)
+        # both sums in one all-reduce: [2, ...] (an elementwise sum, so the same values as two)
+        sums = torch.stack((predicted, exp_logits.sum(dim=-1)))
+        _all_reduce(sums, dist.ReduceOp.SUM)
+        predicted, sum_exp = sums[0], sums[1]
         loss = sum_exp.log() - predicted
 
         softmax = exp_logits.div_(sum_exp.unsqueeze(-1))

@@ -6,14 +6,18 @@ import torch
 import torch.distributed as dist
 
 from .parallel_state import get_tensor_model_parallel_group, get_tensor_model_parallel_world_size
+from .shm_comm import tensor_model_parallel_all_reduce
 
 
 def _reduce(x):
+    """Sum over the TP group, in place: the partial sums (a row-parallel output, a gradient) are
+    this function's to overwrite, so no copy (the forward marks its input dirty, so autograd
+    refuses if anything else had saved it)."""
     if get_tensor_model_parallel_world_size() == 1:
         return x
-    x = x.clone()  # autograd inputs must not be modified in place
-    dist.all_reduce(x, group=get_tensor_model_parallel_group())
-    return x
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return tensor_model_parallel_all_reduce(x, dist.ReduceOp.SUM, get_tensor_model_parallel_group())
 
 
 def _gather_last_dim(x):
@@ -50,7 +54,10 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        return _reduce(x)
+        reduced = _reduce(x)
+        if reduced is x and get_tensor_model_parallel_world_size() > 1:
+            ctx.mark_dirty(x)
+        return reduced
 
     @staticmethod
     def backward(ctx, grad):

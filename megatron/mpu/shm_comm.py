@@ -1,0 +1,173 @@
+"""Tensor-parallel all-reduces through shared memory, for CPU runs whose TP group sits on one host.
+
+On CPU every TP all-reduce through gloo crosses the loopback TCP stack (a few hundred microseconds
+for the 256 KiB activations of a small model), which eats the compute TP saves. Here the ranks of a
+TP group map one file of /dev/shm: each rank copies its tensor into its own slot, publishes a
+sequence number, waits for its peers' numbers, and sums the slots itself.
+
+- Same results as gloo: a group of 2 ranks only, where the sum a + b is exact whatever the order
+  (IEEE addition commutes) and max is max; larger groups keep gloo, whose ring order a local sum
+  would not reproduce bit for bit.
+- Nothing left in /dev/shm: the file (and each rank's FIFO, which wakes a rank that sleeps while
+  its peer is descheduled: with more ranks than cores, polling would take the peer's CPU) is
+  unlinked as soon as every rank of the group has opened it (a barrier), so it outlives no process,
+  whether the run ends normally, with an error or killed.
+  Only a death during that set-up window could leave it; an atexit hook covers errors there.
+- Two buffers used alternately: a rank may write call n + 1 into one while a slower peer still
+  reads call n from the other; it cannot reach call n + 2 before that peer has published n + 1,
+  i.e. finished reading n. So one wait per call is enough.
+
+DeepSpeed's own shared-memory op (deepspeed/ops/csrc/cpu/comm) serves only the world group and
+leaves its buffers in /dev/shm, so the trainer keeps it switched off (initialize.py).
+"""
+import atexit
+import mmap
+import os
+import secrets
+import select
+import socket
+
+import torch
+import torch.distributed as dist
+
+PREFIX = "megatron-tp-"
+SLOT_BYTES = 4 * 2 ** 20  # per rank and buffer; larger tensors go through in chunks
+_FLAG_STRIDE = 64         # one cache line per rank's sequence number
+_TIMEOUT_S = 1800.0       # a peer that never arrives (it died): fail instead of hanging forever
+_SUPPORTED = (dist.ReduceOp.SUM, dist.ReduceOp.MAX)
+
+
+class SharedMemoryGroup:
+    def __init__(self, group, slot_bytes=SLOT_BYTES):
+        self.size = dist.get_world_size(group=group)
+        self.rank = dist.get_rank(group=group)
+        self.slot_bytes = slot_bytes
+        self.seq = 0
+        flags = self.size * _FLAG_STRIDE
+        total = flags + 2 * self.size * slot_bytes
+        # rank 0 names the data file and one FIFO per rank (its wake-up line); everyone opens all,
+        # then rank 0 unlinks them: open descriptors and the mapping outlive the names
+        names = [None]
+        if self.rank == 0:
+            base = os.path.join("/dev/shm", f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
+            names = [[base] + [f"{base}.wake{r}" for r in range(self.size)]]
+            for path in names[0]:
+                atexit.register(_unlink, path)  # an error before the barrier below
+            fd = os.open(base, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            os.ftruncate(fd, total)
+            os.close(fd)
+            for path in names[0][1:]:
+                os.mkfifo(path, 0o600)
+        dist.broadcast_object_list(names, src=dist.get_global_rank(group, 0), group=group)
+        self.path, *fifos = names[0]
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                self._mmap = mmap.mmap(fd, total)
+            finally:
+                os.close(fd)
+            # O_RDWR: a FIFO opens without waiting for the other end; writes never block (a full
+            # pipe already holds a wake-up for its reader)
+            self._wake = [os.open(path, os.O_RDWR | os.O_NONBLOCK) for path in fifos]
+            os.set_blocking(self._wake[self.rank], True)
+        finally:
+            dist.barrier(group=group)  # every rank has opened them (or failed): no name is needed any more
+            if self.rank == 0:
+                for path in names[0]:
+                    _unlink(path)
+        memory = torch.frombuffer(self._mmap, dtype=torch.uint8)
+        self._flags = memory[:flags].view(torch.int64)[::_FLAG_STRIDE // 8]
+        self._data = memory[flags:]
+
+    def _slot(self, buffer, rank, dtype, numel):
+        start = (buffer * self.size + rank) * self.slot_bytes
+        return self._data[start:start + numel * dtype.itemsize].view(dtype)
+
+    def _wait(self, seq):
+        """Until every rank has published `seq`: poll briefly (TP peers run in lockstep), then sleep
+        in a read of this rank's FIFO, which a peer writes after publishing. A ready flag may
+        leave a wake-up unread; a later read returns at once and the loop checks the flags again."""
+        polls = 0
+        while not bool((self._flags >= seq).all()):
+            polls += 1
+            if polls < 32:
+                continue
+            ready, _, _ = select.select([self._wake[self.rank]], [], [], _TIMEOUT_S)
+            if not ready:
+                raise RuntimeError(f"shared-memory TP all-reduce: a peer did not arrive within {_TIMEOUT_S:.0f} s")
+            os.read(self._wake[self.rank], 4096)
+
+    def _publish(self, seq):
+        self._flags[self.rank] = seq  # after the data (x86 keeps stores in order)
+        for rank, fd in enumerate(self._wake):
+            if rank != self.rank:
+                try:
+                    os.write(fd, b"1")
+                except BlockingIOError:  # the pipe is full of unread wake-ups: the peer will look
+                    pass
+
+    def all_reduce(self, x, op=dist.ReduceOp.SUM):
+        """In place, like dist.all_reduce; x contiguous."""
+        flat = x.view(-1)
+        chunk = self.slot_bytes // x.element_size()
+        for start in range(0, flat.numel(), chunk):
+            part = flat[start:start + chunk]
+            self.seq += 1
+            buffer = self.seq % 2
+            self._slot(buffer, self.rank, x.dtype, part.numel()).copy_(part)
+            self._publish(self.seq)
+            self._wait(self.seq)
+            slots = [self._slot(buffer, r, x.dtype, part.numel()) for r in range(self.size)]
+            if op == dist.ReduceOp.SUM:
+                torch.add(slots[0], slots[1], out=part)
+            else:
+                torch.maximum(slots[0], slots[1], out=part)
+        return x
+
+
+_TP_GROUP = None  # this rank's SharedMemoryGroup for its TP group, once enabled
+
+
+def enable_for_tensor_model_parallel(group):
+    """Collective over the TP group. Returns a line saying which path the TP all-reduces take."""
+    global _TP_GROUP
+    if dist.get_world_size(group=group) == 1:
+        return "TP all-reduce: none (TP=1)"
+    if not applies(group):
+        return "TP all-reduce: gloo (shared memory serves TP=2 on one host)"
+    _TP_GROUP = SharedMemoryGroup(group)
+    return f"TP all-reduce: shared memory ({PREFIX}* in /dev/shm, unlinked once mapped)"
+
+
+def disable():
+    global _TP_GROUP
+    _TP_GROUP = None
+
+
+def tensor_model_parallel_all_reduce(x, op, group):
+    """x in place over the TP group: shared memory when enabled for this tensor, else torch.distributed."""
+    if _TP_GROUP is not None and op in _SUPPORTED and x.device.type == "cpu":
+        return _TP_GROUP.all_reduce(x, op)
+    dist.all_reduce(x, op=op, group=group)
+    return x
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def one_host(group):
+    """Whether every rank of `group` runs on this host."""
+    hosts = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    return len(set(hosts)) == 1
+
+
+def applies(group):
+    """The shared-memory path serves a TP group of 2 gloo ranks on one host (see the docstring)."""
+    return (dist.get_world_size(group=group) == 2 and dist.get_backend(group) == "gloo"
+            and os.path.isdir("/dev/shm") and one_host(group))
+

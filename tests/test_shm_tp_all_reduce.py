@@ -1,0 +1,72 @@
+"""The shared-memory TP all-reduce (megatron/mpu/shm_comm.py): the same losses and gradient norms
+as gloo, bit for bit, and no file of it left in /dev/shm after a run, an error or a kill."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+
+HERE = os.path.dirname(__file__)
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), HERE])}
+
+
+def start(mode):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "shm_tp_worker.py"), mode], cwd=HERE, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_until(proc, prefix):
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no {prefix} line; stdout: {''.join(lines)}; stderr: {proc.stderr.read()[-2000:]}")
+
+
+def value(lines, key):
+    return next(line.split(" ", 1)[1].strip() for line in lines if line.startswith(key + " "))
+
+
+def left_over(lines):
+    """The group's file and any file of this code named after the worker processes."""
+    pids = value(lines, "PIDS").split()
+    return [p for p in [value(lines, "PATH")] if os.path.exists(p)] + \
+        [p for pid in pids for p in glob.glob(f"/dev/shm/megatron-tp-{pid}-*")]
+
+
+def test_same_losses_and_grad_norms_as_gloo_and_nothing_left():
+    proc = start("compare")
+    out, err = proc.communicate(timeout=300)
+    lines = out.splitlines(keepends=True)
+    assert value(lines, "EXIT") == "0 0", err[-2000:]
+    assert "TP all-reduce: shared memory" in out
+    for report in (json.loads(line) for line in lines if line.startswith("{")):
+        # 3 SGD steps of a TP=2 GPT: (loss, gradient norm) exactly equal, and the model learns
+        assert report["shm"] == report["gloo"], report["rank"]
+        assert report["gloo"][2][0] < report["gloo"][0][0]
+    assert left_over(lines) == []
+
+
+def test_nothing_left_after_an_error():
+    proc = start("error")
+    out, err = proc.communicate(timeout=300)
+    lines = out.splitlines(keepends=True)
+    assert value(lines, "EXIT") == "1 1" and "failing on purpose" in err
+    assert left_over(lines) == []
+
+
+def test_nothing_left_after_a_kill():
+    proc = start("kill")
+    try:
+        lines = read_until(proc, "READY")
+        for pid in value(lines, "PIDS").split():
+            os.kill(int(pid), signal.SIGKILL)
+        lines += read_until(proc, "EXIT")
+        assert value(lines, "EXIT") == f"{-signal.SIGKILL} {-signal.SIGKILL}"
+        assert left_over(lines) == []
+    finally:
+        proc.kill()
+        proc.communicate()
+
