@@ -58,9 +58,13 @@ cat <<EOT > "$config_json"
 }
 EOT
 
+# the seed run's pipeline split (4 | 4 layers at PP=2: DeepSpeed's type:transformer, both forks'
+# default), so the per-stage numbers compare with its log; this project's default balances FLOPs
+PARTITION_ARGS="--pp-partition-method type:transformer"
+
 deepspeed --num_gpus "$N_GPUS" --master_port "${MASTER_PORT:-6777}" pretrain_gpt.py \
   --tensor-model-parallel-size "$TP_SIZE" --pipeline-model-parallel-size "$PP_SIZE" \
-  --distributed-backend $BACKEND \
+  --distributed-backend $BACKEND $PARTITION_ARGS \
   --num-layers $NLAYERS --hidden-size $NHIDDEN --num-attention-heads $NHEADS \
   --seq-length $SEQ_LEN --max-position-embeddings $SEQ_LEN \
   --micro-batch-size "$MICRO_BATCH_SIZE" --rampup-batch-size 2 2 1_000 --global-batch-size "$GLOBAL_BATCH_SIZE" \
