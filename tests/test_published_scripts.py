@@ -456,3 +456,41 @@ def test_valid_num_workers_is_the_validation_loaders():
     [runs] = run_distributed(1, _workers_for_each, [[], ["--valid-num-workers", "1"], ["--num-workers", "1"],
                                                     ["--num-workers", "1", "--valid-num-workers", "0"]])
     assert runs == [[0, 0, 0], [0, 1, 0], [1, 1, 1], [1, 0, 1]]
+
+
+def test_param_count_of_the_moe_script():
+    """Microsoft's 125M MoE-64 script, unshrunk: 12 layers, hidden 768, seq 2048, 64 experts on every
+    other layer (--expert-interval's default 2: 6 MoE layers), top-1; the bundled vocab's 8192 entries.
+    A GPT-2 layer: QKV 3h^2 + 3h, dense h^2 + h, MLP 2hf + f + h (f = 4h), two norms 4h. An MoE layer
+    holds 64 such MLPs and a bias-free gate h x 64; a token runs one of them."""
+    tool = param_count_module()
+    argv = load(os.path.join(HERE, "data", "published_scripts", "microsoft_moe_125M_MoE64.txt"))
+    lines = tool.report(tool.parse_args(for_the_tool(argv)))
+    h, f, experts = 768, 3072, 64
+    attention_and_norms = 3 * h * h + 3 * h + h * h + h + 4 * h
+    mlp, gate = 2 * h * f + f + h, h * experts
+    no_embedding = 6 * (attention_and_norms + mlp) + 6 * (attention_and_norms + experts * mlp + gate) + 2 * h
+    active = 6 * (attention_and_norms + mlp) + 6 * (attention_and_norms + mlp + gate) + 2 * h
+    embeddings = (8192 + 2048) * h
+    assert lines[:4] == [f"parameters: {no_embedding + embeddings:,}",
+                         f"parameters without embeddings: {no_embedding:,}",
+                         f"active parameters: {active + embeddings:,}",
+                         f"active parameters without embeddings: {active:,}"]
+    assert no_embedding + embeddings == 1_878_294_528
+
+
+def test_param_count_of_the_llama2_script(sentencepiece_model):
+    """Microsoft's LLaMA-2 script, unshrunk (TP=2 PP=2): 24 layers, hidden 2048, ffn 5504, 16 heads of
+    128 with 4 kv heads, SwiGLU, RMSNorm, no biases, untied, rotary (no position table). Its tokenizer
+    is the test's 320-piece SentencePiece model, padded to a multiple of 128 x TP 2: 512 rows, held by
+    the word embedding and again by the output layer. Per layer: QKV h(ad + 2gd), dense h^2,
+    SwiGLU h x 2f + f x h, two norms 2h."""
+    tool = param_count_module()
+    argv = load(os.path.join(HERE, "data", "published_scripts", "microsoft_llama2.txt"))
+    lines = tool.report(tool.parse_args(for_the_tool(with_local_tokenizer(argv, None, sentencepiece_model))))
+    h, f, d = 2048, 5504, 128
+    per_layer = h * (16 * d + 2 * 4 * d) + h * h + h * 2 * f + f * h + 2 * h
+    no_embedding = 24 * per_layer + h
+    assert lines[:2] == [f"parameters: {no_embedding + 2 * 512 * h:,}",
+                         f"parameters without embeddings: {no_embedding:,}"]
+    assert no_embedding == 1_063_356_416
