@@ -4,7 +4,6 @@ itself, a real launch on that data with the exact count worked out by hand, tool
 reading the tokenizer's size without torch, and the export. The HF run also pads the vocab with
 --pad-vocab-size-to at TP=2; the SentencePiece run uses --rotary-percent and is checked against
 transformers' GPT-NeoX (its partial_rotary_factor) after the export."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ from launcher import launch, losses
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from test_flag_validation import entry_point  # noqa: F401  (a fixture: pretrain_gpt.main in-process)
 from test_flag_validation import flags as trainer_flags
+from tool_modules import load_tool
 
 ITERS = 4
 # GPT-2-like tiny model; L=2, h=64, a=4, s=32
@@ -31,11 +31,7 @@ TRAIN = ["--micro-batch-size", 2, "--global-batch-size", 4, "--train-iters", ITE
 
 
 def _load_preprocess():
-    spec = importlib.util.spec_from_file_location("preprocess_data", os.path.join(ROOT, "tools", "preprocess_data.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["preprocess_data"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("preprocess_data")
 
 
 def preprocess(tmp_path, *tokenizer_flags):

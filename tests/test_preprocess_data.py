@@ -1,6 +1,5 @@
 """tools/preprocess_data.py: jsonl -> .bin/.idx holding exactly the tokenized documents."""
 import filecmp
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,16 +11,14 @@ import pytest
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists
 from megatron.tokenizer import build_tokenizer
+from tool_modules import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, "data", "gpt2-vocab.json")
 MERGES = os.path.join(ROOT, "data", "gpt2-merges.txt")
 SCRIPT = os.path.join(ROOT, "tools", "preprocess_data.py")
 
-spec = importlib.util.spec_from_file_location("preprocess_data", SCRIPT)
-preprocess_data = importlib.util.module_from_spec(spec)
-sys.modules["preprocess_data"] = preprocess_data  # so --workers can pickle its Encoder
-spec.loader.exec_module(preprocess_data)
+preprocess_data = load_tool("preprocess_data")
 
 DOCS = [
     {"text": "Return the number of items in a container.", "title": "len"},

@@ -1,14 +1,12 @@
 """tools/preprocess_data.py's progress line on a corpus: documents, rates, the share of the input
 read, elapsed time and an ETA, every --log-interval documents and once at the end."""
-import importlib.util
 import json
 import os
 import re
+from tool_modules import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("preprocess_data", os.path.join(ROOT, "tools", "preprocess_data.py"))
-preprocess_data = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(preprocess_data)
+preprocess_data = load_tool("preprocess_data")
 
 
 def test_progress_reports_the_share_of_the_input_and_an_eta(tmp_path, capsys):
