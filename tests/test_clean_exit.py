@@ -23,8 +23,9 @@ def _last_scalar_steps(tb_dir, tag):
     return [event.step for event in events.Scalars(tag)]
 
 
-def test_repeated_short_runs_at_pp2_and_tp2_all_exit_0(tmp_path):
-    for launch, layout in enumerate([["--pipeline-model-parallel-size", 2], ["--tensor-model-parallel-size", 2]] * 2):
+def test_short_runs_at_pp2_and_tp2_exit_0(tmp_path):
+    # one of each: every other launch in the suite checks its exit status too (about 30 of them)
+    for launch, layout in enumerate([["--pipeline-model-parallel-size", 2], ["--tensor-model-parallel-size", 2]]):
         tb = tmp_path / f"tb{launch}"
         proc = run_deepspeed(2, "pretrain_gpt.py", RUN + layout + ["--tensorboard-dir", tb], timeout=600)
         assert proc.returncode == 0, f"launch {launch} {layout}: exit {proc.returncode}\n{proc.stdout[-4000:]}"
