@@ -243,10 +243,6 @@ def exit_signals(start_time, args):
     return bool(flags[0].item()), bool(flags[1].item())
 
 
-def _out_of_time(start_time, args):
-    return exit_signals(start_time, args)[0]
-
-
 def train(steps, lr_scheduler, calculator, train_iter, valid_iters, progress, args):
     """Trains until the schedule ends ("finished") or an exit flag fires ("exit-interval",
     "exit-duration", "kill-switch": the file appeared); returns which."""

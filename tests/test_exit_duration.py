@@ -15,10 +15,10 @@ def _decide(cases, kill_cases, tmp):
 
     import torch.distributed as dist
 
-    from megatron.training import _out_of_time, exit_signals
+    from megatron.training import exit_signals
     rank = dist.get_rank()
     args = argparse.Namespace(exit_duration_in_mins=1)
-    late = [_out_of_time(time.time() - 60 * minutes[rank], args) for minutes in cases]
+    late = [exit_signals(time.time() - 60 * minutes[rank], args)[0] for minutes in cases]
     killed = []
     for i, present in enumerate(kill_cases):
         path = os.path.join(tmp, f"kill_{i}_rank{rank}")  # one path per rank: only some ranks see a file
