@@ -1,34 +1,46 @@
 """GPT pretraining datasets: fixed-length token windows over shuffled documents."""
+from __future__ import annotations
+
 import hashlib
 import math
 import os
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from . import helpers
 from .blendable_dataset import BlendableDataset
-from .indexed_dataset import make_dataset
+from .indexed_dataset import MMapIndexedDataset, make_dataset
 
 # Megatron asks each blended source for 0.5% more samples than its share so
 # that rounding in the blend never runs a source dry.
 BLEND_OVERSAMPLE = 1.005
 
 
-def build_train_valid_test_datasets(data_prefix, data_impl, splits_string, train_valid_test_num_samples, seq_length, seed, skip_warmup):
+def build_train_valid_test_datasets(
+    data_prefix: Sequence[str], data_impl: str, splits_string: str, train_valid_test_num_samples: Sequence[int],
+    seq_length: int, seed: int, skip_warmup: bool,
+) -> tuple[torch.utils.data.Dataset | None, ...]:
     """(train, valid, test) datasets; each is None when its split is empty or asked for 0 samples.
 
     data_prefix is ["path"] or ["w1", "path1", "w2", "path2", ...] for a
     weighted blend of several preprocessed datasets.
     """
     if len(data_prefix) == 1:
-        return _build_train_valid_test_datasets(data_prefix[0], data_impl, splits_string, train_valid_test_num_samples, seq_length, seed, skip_warmup)
+        return _build_train_valid_test_datasets(
+            data_prefix[0], data_impl, splits_string, train_valid_test_num_samples, seq_length, seed, skip_warmup
+        )
 
-    prefixes, weights, per_dataset_num_samples = get_datasets_weights_and_num_samples(data_prefix, train_valid_test_num_samples)
-    splits = [[], [], []]
+    prefixes, weights, per_dataset_num_samples = get_datasets_weights_and_num_samples(
+        data_prefix, train_valid_test_num_samples
+    )
+    splits: list[list[tuple[GPTDataset, float]]] = [[], [], []]
     for prefix, weight, num_samples in zip(prefixes, weights, per_dataset_num_samples):
-        datasets = _build_train_valid_test_datasets(prefix, data_impl, splits_string, num_samples, seq_length, seed, skip_warmup)
+        datasets = _build_train_valid_test_datasets(
+            prefix, data_impl, splits_string, num_samples, seq_length, seed, skip_warmup
+        )
         for split, dataset in zip(splits, datasets):
             if dataset is not None:
                 split.append((dataset, weight))
@@ -38,9 +50,14 @@ def build_train_valid_test_datasets(data_prefix, data_impl, splits_string, train
     )
 
 
-def get_datasets_weights_and_num_samples(data_prefix, train_valid_test_num_samples):
+def get_datasets_weights_and_num_samples(
+    data_prefix: Sequence[str], train_valid_test_num_samples: Sequence[int],
+) -> tuple[list[str], list[float], list[list[int]]]:
     """Prefixes, normalised weights and per-prefix [train, valid, test] sample counts of a blend."""
-    usage = "--data-path takes one prefix or weight/prefix pairs, e.g. '0.3 data/a_text_document 0.7 data/b_text_document'"
+    usage = (
+        "--data-path takes one prefix or weight/prefix pairs, "
+        "e.g. '0.3 data/a_text_document 0.7 data/b_text_document'"
+    )
     if len(data_prefix) % 2:
         raise ValueError(f"{usage}; got an odd number of values {data_prefix}")
     try:
@@ -51,27 +68,36 @@ def get_datasets_weights_and_num_samples(data_prefix, train_valid_test_num_sampl
         raise ValueError(f"--data-path weights must be non-negative with a positive sum, got {weights}")
     weights = [w / sum(weights) for w in weights]
     prefixes = [p.strip() for p in data_prefix[1::2]]
-    num_samples = [[int(math.ceil(n * w * BLEND_OVERSAMPLE)) for n in train_valid_test_num_samples] for w in weights]
+    num_samples = [
+        [int(math.ceil(n * w * BLEND_OVERSAMPLE)) for n in train_valid_test_num_samples] for w in weights
+    ]
     return prefixes, weights, num_samples
 
 
-def _build_train_valid_test_datasets(data_prefix, data_impl, splits_string, train_valid_test_num_samples, seq_length, seed, skip_warmup):
+def _build_train_valid_test_datasets(
+    data_prefix: str, data_impl: str, splits_string: str, train_valid_test_num_samples: Sequence[int],
+    seq_length: int, seed: int, skip_warmup: bool,
+) -> tuple[GPTDataset | None, ...]:
     indexed_dataset = make_dataset(data_prefix, data_impl, skip_warmup)
     splits = get_train_valid_test_split_(splits_string, len(indexed_dataset))
-    datasets = []
+    datasets: list[GPTDataset | None] = []
     for index, name in enumerate(("train", "valid", "test")):
         num_samples = train_valid_test_num_samples[index]
         if splits[index + 1] > splits[index] and num_samples > 0:
             documents = np.arange(splits[index], splits[index + 1], dtype=np.int64)
-            datasets.append(GPTDataset(name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed))
+            datasets.append(
+                GPTDataset(name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed)
+            )
         else:
             datasets.append(None)
     return tuple(datasets)
 
 
-def get_train_valid_test_split_(splits_string, size):
+def get_train_valid_test_split_(splits_string: str, size: int) -> list[int]:
     """Document boundaries [0, train_end, valid_end, size] from weights like '969,30,1'."""
-    usage = f"--split {splits_string!r} must be up to three non-negative weights with a positive sum, e.g. 969,30,1"
+    usage = (
+        f"--split {splits_string!r} must be up to three non-negative weights with a positive sum, e.g. 969,30,1"
+    )
     try:
         splits = [float(s) for s in splits_string.replace("/", ",").split(",")]
     except ValueError:
@@ -88,7 +114,7 @@ def get_train_valid_test_split_(splits_string, size):
     return [index[0]] + [i - diff for i in index[1:]]
 
 
-def _is_rank_0():
+def _is_rank_0() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
@@ -99,23 +125,26 @@ class GPTDataset(torch.utils.data.Dataset):
     overlap by one token so inputs and shifted labels cover every token.
     """
 
-    def __init__(self, name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed):
+    def __init__(self, name: str, data_prefix: str, documents: np.ndarray, indexed_dataset: MMapIndexedDataset,
+                 num_samples: int, seq_length: int, seed: int) -> None:
         self.name = name
         self.indexed_dataset = indexed_dataset
         self.doc_idx, self.sample_idx, self.shuffle_idx = _build_index_mappings(
             name, data_prefix, documents, indexed_dataset.sizes, num_samples, seq_length, seed
         )
 
-    def __len__(self):
+    def __len__(self) -> int:
         # One less than sample_idx rows: each sample needs its end boundary.
         return self.sample_idx.shape[0] - 1
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: int) -> dict[str, np.ndarray]:
         idx = self.shuffle_idx[idx]
         doc_f, offset_f = self.sample_idx[idx]
         doc_l, offset_l = self.sample_idx[idx + 1]
         if doc_f == doc_l:
-            sample = self.indexed_dataset.get(self.doc_idx[doc_f], offset=offset_f, length=offset_l - offset_f + 1)
+            sample = self.indexed_dataset.get(
+                self.doc_idx[doc_f], offset=offset_f, length=offset_l - offset_f + 1
+            )
         else:
             parts = [self.indexed_dataset.get(self.doc_idx[doc_f], offset=offset_f)]
             parts += [self.indexed_dataset.get(self.doc_idx[i]) for i in range(doc_f + 1, doc_l)]
@@ -124,7 +153,7 @@ class GPTDataset(torch.utils.data.Dataset):
         return {"text": np.array(sample, dtype=np.int64)}
 
 
-def _index_fingerprint(documents, sizes):
+def _index_fingerprint(documents: np.ndarray, sizes: np.ndarray) -> str:
     """Short hash of the document ids and their lengths: the only inputs of the
     index arrays besides the parameters in the file name. A changed dataset or
     --split changes it; a rebuilt but identical dataset keeps its cache."""
@@ -134,7 +163,7 @@ def _index_fingerprint(documents, sizes):
     return digest.hexdigest()
 
 
-def _save_atomic(path, array):
+def _save_atomic(path: str, array: np.ndarray) -> None:
     # A reader never sees a half-written .npy, even if this process dies.
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -142,7 +171,10 @@ def _save_atomic(path, array):
     os.replace(tmp, path)
 
 
-def _build_index_mappings(name, data_prefix, documents, sizes, num_samples, seq_length, seed):
+def _build_index_mappings(
+    name: str, data_prefix: str, documents: np.ndarray, sizes: np.ndarray, num_samples: int, seq_length: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """doc_idx, sample_idx, shuffle_idx for num_samples samples, cached as .npy next to the data.
 
     When torch.distributed is initialised only global rank 0 builds and saves;
@@ -152,7 +184,8 @@ def _build_index_mappings(name, data_prefix, documents, sizes, num_samples, seq_
     if tokens_per_epoch < seq_length + 1:
         raise ValueError(
             f"--data-path {data_prefix}: the {name} split has {tokens_per_epoch} tokens in {len(documents)} documents, "
-            f"fewer than one sample of --seq-length {seq_length} + 1; use more data, a shorter --seq-length or a larger {name} share in --split"
+            f"fewer than one sample of --seq-length {seq_length} + 1; use more data, a shorter --seq-length "
+            f"or a larger {name} share in --split"
         )
     num_epochs = helpers.num_epochs(tokens_per_epoch, seq_length, num_samples)
     filename = (
@@ -176,11 +209,19 @@ def _build_index_mappings(name, data_prefix, documents, sizes, num_samples, seq_
         doc_idx = helpers.build_doc_idx(documents, num_epochs, np_rng, separate_last_epoch)
         sample_idx = helpers.build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch)
         total = sample_idx.shape[0] - 1
-        shuffle_idx = helpers.build_shuffle_idx(num_samples_from_full_epochs if separate_last_epoch else total, total, np_rng)
+        shuffle_idx = helpers.build_shuffle_idx(
+            num_samples_from_full_epochs if separate_last_epoch else total, total, np_rng
+        )
         for key, array in (("doc_idx", doc_idx), ("sample_idx", sample_idx), ("shuffle_idx", shuffle_idx)):
             _save_atomic(paths[key], array)
-        print(f" > built {name} index for {data_prefix}: {total} samples over {num_epochs} epoch(s) in {time.time() - start:.2f} s", flush=True)
+        print(
+            f" > built {name} index for {data_prefix}: {total} samples over {num_epochs} epoch(s) "
+            f"in {time.time() - start:.2f} s",
+            flush=True,
+        )
 
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-    return tuple(np.load(paths[key], allow_pickle=False, mmap_mode="r") for key in ("doc_idx", "sample_idx", "shuffle_idx"))
+    return tuple(
+        np.load(paths[key], allow_pickle=False, mmap_mode="r") for key in ("doc_idx", "sample_idx", "shuffle_idx")
+    )

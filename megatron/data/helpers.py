@@ -4,10 +4,13 @@ Megatron builds these in C++ (helpers.cpp) with per-sample loops; the same
 results come from cumulative sums and searchsorted, which numpy runs in C, so
 no compiled extension is needed and 100M+ token corpora index in seconds.
 """
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 
-def num_epochs(tokens_per_epoch, seq_length, num_samples):
+def num_epochs(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
     """Fewest epochs whose concatenation yields num_samples windows of seq_length+1 tokens.
 
     Consecutive samples share one token, so E epochs give (E*T - 1) // L samples;
@@ -16,7 +19,8 @@ def num_epochs(tokens_per_epoch, seq_length, num_samples):
     return max(1, -(-(num_samples * seq_length + 1) // tokens_per_epoch))
 
 
-def build_doc_idx(documents, num_epochs, np_rng, separate_last_epoch):
+def build_doc_idx(documents: npt.ArrayLike, num_epochs: int, np_rng: np.random.RandomState,
+                  separate_last_epoch: bool) -> np.ndarray:
     """Document ids for num_epochs passes, each shuffled with np_rng.
 
     With separate_last_epoch the last pass is shuffled on its own, so the
@@ -32,7 +36,8 @@ def build_doc_idx(documents, num_epochs, np_rng, separate_last_epoch):
     return np.concatenate((first, last))
 
 
-def build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch):
+def build_sample_idx(sizes: npt.ArrayLike, doc_idx: np.ndarray, seq_length: int, num_epochs: int,
+                     tokens_per_epoch: int) -> np.ndarray:
     """[num_samples + 1, 2] (index into doc_idx, token offset) of each sample start.
 
     Sample i covers tokens i*L .. i*L + L (inclusive) of the concatenated
@@ -53,7 +58,7 @@ def build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch):
     return sample_idx
 
 
-def build_shuffle_idx(num_samples, total_size, np_rng):
+def build_shuffle_idx(num_samples: int, total_size: int, np_rng: np.random.RandomState) -> np.ndarray:
     """Permutation of range(total_size): the first num_samples shuffled among
     themselves, the rest (from a separate last epoch) likewise."""
     first = np.arange(num_samples, dtype=np.int64)
@@ -65,7 +70,7 @@ def build_shuffle_idx(num_samples, total_size, np_rng):
     return np.concatenate((first, last))
 
 
-def build_blending_indices(weights, size):
+def build_blending_indices(weights: npt.ArrayLike, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset_index, dataset_sample_index) of `size` samples drawn from datasets by weight.
 
     Dataset i's n-th sample gets the key (n + 0.5) / w_i and the `size` smallest
@@ -85,7 +90,8 @@ def build_blending_indices(weights, size):
     return dataset[order], sample[order]
 
 
-def build_sample_idx_loop(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch):
+def build_sample_idx_loop(sizes: Sequence[int] | np.ndarray, doc_idx: Sequence[int] | np.ndarray, seq_length: int, num_epochs: int,
+                          tokens_per_epoch: int) -> np.ndarray:
     """Megatron's C++ build_sample_idx transcribed line by line: the reference that
     build_sample_idx must equal (tests) and beat (benchmarks/bench_data.py)."""
     sizes, doc_idx = np.asarray(sizes).tolist(), np.asarray(doc_idx).tolist()  # fastest plain-Python form

@@ -7,10 +7,13 @@
 doc_idx holds the first sequence index of each document plus a final
 len(sizes); with one sequence per document it is simply 0..n.
 """
+from __future__ import annotations
+
 import os
 import struct
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 _HDR_MAGIC = b"MMIDIDX\x00\x00"
@@ -20,45 +23,50 @@ _HEADER_SIZE = len(_HDR_MAGIC) + struct.calcsize("<QBQQ")
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 
 
-def code(dtype):
+def code(dtype: npt.DTypeLike) -> int:
     for k, v in DTYPES.items():
         if v == np.dtype(dtype):
             return k
-    raise ValueError(f"dtype {np.dtype(dtype)} cannot be stored in an indexed dataset; use one of {sorted({np.dtype(v).name for v in DTYPES.values()})}")
+    raise ValueError(
+        f"dtype {np.dtype(dtype)} cannot be stored in an indexed dataset; "
+        f"use one of {sorted({np.dtype(v).name for v in DTYPES.values()})}"
+    )
 
 
-def best_fitting_dtype(vocab_size):
+def best_fitting_dtype(vocab_size: int) -> type[np.integer]:
     # uint16 halves the file size; Megatron keeps a margin below 65536.
     return np.uint16 if vocab_size < 65500 else np.int32
 
 
-def index_file_path(prefix_path):
+def index_file_path(prefix_path: str) -> str:
     return prefix_path + ".idx"
 
 
-def data_file_path(prefix_path):
+def data_file_path(prefix_path: str) -> str:
     return prefix_path + ".bin"
 
 
-def dataset_exists(prefix_path):
+def dataset_exists(prefix_path: str) -> bool:
     return os.path.isfile(index_file_path(prefix_path)) and os.path.isfile(data_file_path(prefix_path))
 
 
-def make_dataset(path, impl="mmap", skip_warmup=True):
+def make_dataset(path: str, impl: str = "mmap", skip_warmup: bool = True) -> MMapIndexedDataset:
     # "infer" (Megatron's default) can only find mmap here; the header check rejects anything else.
     if impl not in ("mmap", "infer"):
-        raise ValueError(f"--data-impl {impl!r} is not supported; only 'mmap' datasets (written by tools/preprocess_data.py) are read")
+        raise ValueError(
+            f"--data-impl {impl!r} is not supported; only 'mmap' datasets (written by tools/preprocess_data.py) are read"
+        )
     return MMapIndexedDataset(path, skip_warmup)
 
 
-def _missing_file_error(prefix_path, path):
+def _missing_file_error(prefix_path: str, path: str) -> FileNotFoundError:
     return FileNotFoundError(
         f"--data-path {prefix_path}: {path} does not exist; the prefix names the .bin/.idx pair "
         f"without extension (e.g. data/corpus_text_document), made by tools/preprocess_data.py"
     )
 
 
-def _warmup_mmap_file(path):
+def _warmup_mmap_file(path: str) -> None:
     # Read the file once so the page cache holds it before training starts.
     with open(path, "rb") as stream:
         while stream.read(100 * 1024 * 1024):
@@ -69,20 +77,28 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
     """Random access to the token sequences of a .bin/.idx pair without loading them."""
 
     class Index:
-        def __init__(self, path, prefix_path, skip_warmup=True):
+        def __init__(self, path: str, prefix_path: str, skip_warmup: bool = True) -> None:
             if not os.path.isfile(path):
                 raise _missing_file_error(prefix_path, path)
             with open(path, "rb") as stream:
                 header = stream.read(_HEADER_SIZE)
             if len(header) < _HEADER_SIZE or header[: len(_HDR_MAGIC)] != _HDR_MAGIC:
-                raise ValueError(f"{path} is not an mmap indexed dataset index (bad header); rebuild it with tools/preprocess_data.py")
+                raise ValueError(
+                    f"{path} is not an mmap indexed dataset index (bad header); rebuild it with tools/preprocess_data.py"
+                )
             version, dtype_code, num_sequences, num_docs = struct.unpack("<QBQQ", header[len(_HDR_MAGIC):])
             if version != _VERSION or dtype_code not in DTYPES:
-                raise ValueError(f"{path}: unsupported index version {version} / dtype code {dtype_code}; rebuild it with tools/preprocess_data.py")
+                raise ValueError(
+                    f"{path}: unsupported index version {version} / dtype code {dtype_code}; "
+                    f"rebuild it with tools/preprocess_data.py"
+                )
             self.dtype = np.dtype(DTYPES[dtype_code])
             expected = len(header) + num_sequences * (4 + 8) + num_docs * 8
             if os.path.getsize(path) != expected:
-                raise ValueError(f"{path} has {os.path.getsize(path)} bytes but its header implies {expected}; it is truncated or corrupt, rerun tools/preprocess_data.py")
+                raise ValueError(
+                    f"{path} has {os.path.getsize(path)} bytes but its header implies {expected}; "
+                    f"it is truncated or corrupt, rerun tools/preprocess_data.py"
+                )
             if not skip_warmup:
                 _warmup_mmap_file(path)
             self._bin_buffer = np.memmap(path, mode="r", order="C")
@@ -93,21 +109,24 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
             offset += self.pointers.nbytes
             self.doc_idx = np.frombuffer(self._bin_buffer, dtype=np.int64, count=num_docs, offset=offset)
 
-        def __len__(self):
+        def __len__(self) -> int:
             return len(self.sizes)
 
-    def __init__(self, path, skip_warmup=True):
+    def __init__(self, path: str, skip_warmup: bool = True) -> None:
         super().__init__()
         self._do_init(path, skip_warmup)
 
-    def _do_init(self, path, skip_warmup):
+    def _do_init(self, path: str, skip_warmup: bool) -> None:
         self._path = path
         self._skip_warmup = skip_warmup
         self._index = self.Index(index_file_path(path), path, skip_warmup)
         bin_path = data_file_path(path)
         if not os.path.isfile(bin_path):
             raise _missing_file_error(path, bin_path)
-        expected = int(self._index.pointers[-1]) + int(self._index.sizes[-1]) * self._index.dtype.itemsize if len(self._index) else 0
+        expected = (
+            int(self._index.pointers[-1]) + int(self._index.sizes[-1]) * self._index.dtype.itemsize
+            if len(self._index) else 0
+        )
         actual = os.path.getsize(bin_path)
         if actual != expected:
             raise ValueError(
@@ -117,19 +136,21 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
         if not skip_warmup:
             _warmup_mmap_file(bin_path)
         # np.memmap cannot map an empty file; an all-empty dataset has no tokens to read anyway.
-        self._bin_buffer = np.memmap(bin_path, mode="r", order="C") if actual else np.empty(0, dtype=np.uint8)
+        self._bin_buffer: np.ndarray = (
+            np.memmap(bin_path, mode="r", order="C") if actual else np.empty(0, dtype=np.uint8)
+        )
 
     # Pickle by path so DataLoader workers reopen the mapping instead of copying the data.
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[str, bool]:
         return self._path, self._skip_warmup
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: tuple[str, bool]) -> None:
         self._do_init(*state)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._index)
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(idx, slice):
             start, stop, step = idx.indices(len(self))
             if step != 1:
@@ -137,7 +158,7 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
             return [self.get(i) for i in range(start, stop)]
         return self.get(idx)
 
-    def get(self, idx, offset=0, length=None):
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens of sequence idx from offset, `length` of them (default: to the end)."""
         size = int(self._index.sizes[idx])
         if length is None:
@@ -148,15 +169,15 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
         return np.frombuffer(self._bin_buffer, dtype=self._index.dtype, count=length, offset=pointer)
 
     @property
-    def sizes(self):
+    def sizes(self) -> np.ndarray:
         return self._index.sizes
 
     @property
-    def doc_idx(self):
+    def doc_idx(self) -> np.ndarray:
         return self._index.doc_idx
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return self._index.dtype
 
 
@@ -168,28 +189,30 @@ class MMapIndexedDatasetBuilder:
     looks valid.
     """
 
-    def __init__(self, out_file, dtype=np.int64):
+    def __init__(self, out_file: str, dtype: npt.DTypeLike = np.int64) -> None:
         self._dtype = np.dtype(dtype)
         code(self._dtype)  # fail now, not after writing all the data
         self._out_file = out_file
         self._tmp_bin = f"{out_file}.tmp{os.getpid()}"
         self._data_file = open(self._tmp_bin, "wb")
-        self._sizes = []
+        self._sizes: list[int] = []
         self._doc_idx = [0]
 
-    def add_item(self, tensor):
+    def add_item(self, tensor: npt.ArrayLike) -> None:
         array = np.asarray(tensor)
         if array.size and self._dtype.kind in "iu":
             info = np.iinfo(self._dtype)
             if array.min() < info.min or array.max() > info.max:
-                raise ValueError(f"token ids {array.min()}..{array.max()} do not fit the dataset dtype {self._dtype}")
+                raise ValueError(
+                    f"token ids {array.min()}..{array.max()} do not fit the dataset dtype {self._dtype}"
+                )
         self._data_file.write(array.astype(self._dtype, copy=False).tobytes(order="C"))
         self._sizes.append(array.size)
 
-    def end_document(self):
+    def end_document(self) -> None:
         self._doc_idx.append(len(self._sizes))
 
-    def finalize(self, index_file):
+    def finalize(self, index_file: str) -> None:
         self._data_file.close()
         sizes = np.array(self._sizes, dtype=np.int32)
         byte_sizes = sizes.astype(np.int64) * self._dtype.itemsize
@@ -210,7 +233,7 @@ class MMapIndexedDatasetBuilder:
         os.replace(self._tmp_bin, self._out_file)
         os.replace(tmp_idx, index_file)
 
-    def abort(self):
+    def abort(self) -> None:
         """Discard everything written so far."""
         self._data_file.close()
         os.remove(self._tmp_bin)

@@ -9,13 +9,21 @@ to read, given per split inline or in a file:
 One training group; every validation / test group is evaluated and logged on its own, under its
 name. A group of one dataset reads it alone (its weight is not used); a group of several is a
 weighted blend, each dataset asked for its share plus Megatron's 0.5% (as --data-path does)."""
+from __future__ import annotations
+
 import math
 import os
+from argparse import Namespace
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from megatron.model.shape import ConfigError, require
+
+if TYPE_CHECKING:  # annotations only: argument validation reads this module without paying for torch
+    import torch
 
 SPLITS = ("train", "valid", "test")
 FORMAT = '"NAME: WEIGHT START:END PATH, WEIGHT START:END PATH, ..." (START < END, fractions of the documents)'
@@ -24,24 +32,28 @@ FORMAT = '"NAME: WEIGHT START:END PATH, WEIGHT START:END PATH, ..." (START < END
 @dataclass(frozen=True)
 class DatasetGroup:
     name: str
-    weights: tuple   # one per dataset, as given
-    ranges: tuple    # (start, end) fractions of each dataset's documents
-    paths: tuple     # dataset prefixes (PATH.bin / PATH.idx)
+    weights: tuple[float, ...]              # one per dataset, as given
+    ranges: tuple[tuple[float, float], ...]  # (start, end) fractions of each dataset's documents
+    paths: tuple[str, ...]                  # dataset prefixes (PATH.bin / PATH.idx)
 
-    def document_range(self, i, num_documents):
+    def document_range(self, i: int, num_documents: int) -> tuple[int, int]:
         """[first, last) document of dataset i, rounded as BigScience's get_split_by_range_ does."""
         start, end = self.ranges[i]
         return round(start * num_documents), round(end * num_documents)
 
 
-def parse_group(text, flag):
+def parse_group(text: str, flag: str) -> DatasetGroup:
     """'NAME: W S:E PATH, W S:E PATH' -> DatasetGroup; one line naming `flag` on bad input."""
     name, sep, rest = text.partition(":")
     require(sep and name.strip() and rest.strip(), f"{flag} {text!r}: expected {FORMAT}")
+    weights: list[float]
+    ranges: list[tuple[float, float]]
+    paths: list[str]
     weights, ranges, paths = [], [], []
     for entry in rest.split(","):
         parts = entry.split()
-        require(len(parts) == 3, f"{flag} {text!r}: {entry.strip()!r} is not 'WEIGHT START:END PATH'; expected {FORMAT}")
+        require(len(parts) == 3,
+                f"{flag} {text!r}: {entry.strip()!r} is not 'WEIGHT START:END PATH'; expected {FORMAT}")
         weight, span, path = parts
         try:
             weight = float(weight)
@@ -66,12 +78,12 @@ def parse_group(text, flag):
     return DatasetGroup(name.strip(), tuple(weights), tuple(ranges), tuple(paths))
 
 
-def _num_documents(path):
+def _num_documents(path: str) -> int:
     from .indexed_dataset import make_dataset
     return len(make_dataset(path, "mmap", True))  # reads the .idx header and arrays only
 
 
-def read_groups_file(path, flag):
+def read_groups_file(path: str, flag: str) -> list[str]:
     """The -path form: a file of one line, each group in double quotes, separated by spaces."""
     require(os.path.isfile(path), f"{flag} {path}: no such file")
     with open(path) as f:
@@ -81,12 +93,13 @@ def read_groups_file(path, flag):
     return lines[0].strip()[1:-1].split('" "')
 
 
-def groups_from_args(args):
+def groups_from_args(args: Namespace) -> dict[str, list[DatasetGroup]]:
     """{split: [DatasetGroup]} from the -weighted-split-paths(-path) flags; {} when none is given."""
-    groups = {}
+    groups: dict[str, list[DatasetGroup]] = {}
     for split in SPLITS:
         inline_flag = f"--{split}-weighted-split-paths"
-        inline, file = getattr(args, f"{split}_weighted_split_paths"), getattr(args, f"{split}_weighted_split_paths_path")
+        inline, file = (getattr(args, f"{split}_weighted_split_paths"),
+                        getattr(args, f"{split}_weighted_split_paths_path"))
         require(inline is None or file is None, f"{inline_flag} and {inline_flag}-path both given: pick one")
         if file is not None:
             inline, inline_flag = read_groups_file(file, f"{inline_flag}-path"), f"{inline_flag}-path {file}:"
@@ -102,7 +115,8 @@ def groups_from_args(args):
     return groups
 
 
-def build_group_dataset(group, split, num_samples, seq_length, seed, data_impl="mmap"):
+def build_group_dataset(group: DatasetGroup, split: str, num_samples: int, seq_length: int, seed: int,
+                        data_impl: str = "mmap") -> torch.utils.data.Dataset:
     """The group's dataset of `num_samples` samples: the one dataset's range, or a weighted blend."""
     from .blendable_dataset import BlendableDataset
     from .gpt_dataset import BLEND_OVERSAMPLE, GPTDataset
@@ -114,7 +128,8 @@ def build_group_dataset(group, split, num_samples, seq_length, seed, data_impl="
     for i, path in enumerate(group.paths):
         indexed = make_dataset(path, data_impl, True)
         first, last = group.document_range(i, len(indexed))  # not empty: checked by parse_group
-        wanted = num_samples if len(group.paths) == 1 else int(math.ceil(num_samples * shares[i] * BLEND_OVERSAMPLE))
+        wanted = (num_samples if len(group.paths) == 1
+                  else int(math.ceil(num_samples * shares[i] * BLEND_OVERSAMPLE)))
         documents = np.arange(first, last, dtype=np.int64)
         datasets.append(GPTDataset(split, path, documents, indexed, wanted, seq_length, seed))
     if len(datasets) == 1:
@@ -122,9 +137,13 @@ def build_group_dataset(group, split, num_samples, seq_length, seed, data_impl="
     return BlendableDataset(datasets, shares, num_samples)
 
 
-def build_datasets(groups, train_valid_test_num_samples, seq_length, seed, data_impl="mmap"):
+def build_datasets(
+    groups: dict[str, list[DatasetGroup]], train_valid_test_num_samples: Sequence[int], seq_length: int, seed: int,
+    data_impl: str = "mmap",
+) -> tuple[torch.utils.data.Dataset | None, list[tuple[str, torch.utils.data.Dataset]] | None,
+           list[tuple[str, torch.utils.data.Dataset]] | None]:
     """(train dataset, [(name, valid dataset)] or None, [(name, test dataset)] or None)."""
-    out = []
+    out: list[list[tuple[str, torch.utils.data.Dataset]] | None] = []
     for split, num_samples in zip(SPLITS, train_valid_test_num_samples):
         if split not in groups or num_samples <= 0:
             out.append(None)

@@ -14,6 +14,10 @@ tokenizer is asked for. Nothing is downloaded: a name that is not a local path i
 must not import torch (transformers does)."""
 import json
 import os
+from argparse import Namespace
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
 
 HF_TYPES = ("PretrainedFromHF", "HFTokenizer")
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer",)
@@ -24,7 +28,7 @@ PATH_FLAG = {"PretrainedFromHF": "--tokenizer-name-or-path", "HFTokenizer": "--t
 HF_DEFAULT_SPECIAL_TOKENS = {"pad_token": "[PAD]", "eos_token": "</s>", "bos_token": "<s>", "unk_token": "<unk>"}
 
 
-def tokenizer_path(args, tokenizer_type):
+def tokenizer_path(args: Namespace, tokenizer_type: str) -> str:
     """The local file or directory of an external tokenizer, checked; ValueError names the flag."""
     flag = PATH_FLAG[tokenizer_type]
     path = getattr(args, flag.lstrip("-").replace("-", "_"), None)
@@ -40,7 +44,7 @@ def tokenizer_path(args, tokenizer_type):
     return path
 
 
-def _import(module, extra):
+def _import(module: str, extra: str) -> ModuleType:
     try:
         return __import__(module)
     except ImportError:
@@ -51,7 +55,7 @@ def _import(module, extra):
 class HFTokenizerWrapper:
     """A transformers tokenizer behind Megatron's tokenizer interface."""
 
-    def __init__(self, tokenizer_type, path, trust_remote_code=False):
+    def __init__(self, tokenizer_type: str, path: str, trust_remote_code: bool = False) -> None:
         transformers = _import("transformers", "hf")
         transformers.utils.logging.set_verbosity_error()  # one line per rank otherwise
         self.name = tokenizer_type
@@ -71,18 +75,18 @@ class HFTokenizerWrapper:
         self.eod = self.tokenizer.eos_token_id
 
     @property
-    def vocab(self):
+    def vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
 
     @property
-    def inv_vocab(self):
+    def inv_vocab(self) -> dict[int, str]:
         return {i: t for t, i in self.vocab.items()}
 
-    def tokenize(self, text):
+    def tokenize(self, text: str) -> list[int]:
         # as both forks call it: the tokenizer's own special-token template applies
         return self.tokenizer.encode(text)
 
-    def detokenize(self, token_ids):
+    def detokenize(self, token_ids: Iterable[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
 
@@ -92,7 +96,7 @@ class SentencePieceWrapper:
 
     name = "GPTSentencePieceTokenizer"
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         sentencepiece = _import("sentencepiece", "sentencepiece")
         self.tokenizer = sentencepiece.SentencePieceProcessor(model_file=path)
         self.vocab_size = self.tokenizer.get_piece_size()
@@ -102,28 +106,28 @@ class SentencePieceWrapper:
         self.eod = self.tokenizer.eos_id()
 
     @property
-    def vocab(self):
+    def vocab(self) -> dict[str, int]:
         return {self.tokenizer.id_to_piece(i): i for i in range(self.vocab_size)}
 
     @property
-    def inv_vocab(self):
+    def inv_vocab(self) -> dict[int, str]:
         return {i: self.tokenizer.id_to_piece(i) for i in range(self.vocab_size)}
 
-    def tokenize(self, text):
+    def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode_as_ids(text)
 
-    def detokenize(self, token_ids):
+    def detokenize(self, token_ids: Iterable[int]) -> str:
         return self.tokenizer.decode_ids(list(token_ids))
 
 
-def build_external_tokenizer(args, tokenizer_type):
+def build_external_tokenizer(args: Namespace, tokenizer_type: str) -> HFTokenizerWrapper | SentencePieceWrapper:
     path = tokenizer_path(args, tokenizer_type)
     if tokenizer_type in HF_TYPES:
         return HFTokenizerWrapper(tokenizer_type, path, getattr(args, "trust_remote_code", False))
     return SentencePieceWrapper(path)
 
 
-def vocab_size_without_torch(args, tokenizer_type):
+def vocab_size_without_torch(args: Namespace, tokenizer_type: str) -> int:
     """The vocab size the trainer's tokenizer will report, read from the files with the
     `tokenizers` / `sentencepiece` libraries (neither imports torch). For the HF types it reads
     DIR/tokenizer.json (a fast tokenizer's one file); HFTokenizer counts the base vocab, which
@@ -147,7 +151,7 @@ def vocab_size_without_torch(args, tokenizer_type):
     return tokenizer.get_vocab_size(with_added_tokens=True) + len(_config_tokens_missing(path, tokenizer))
 
 
-def _config_tokens_missing(path, tokenizer):
+def _config_tokens_missing(path: str, tokenizer: Any) -> set[str]:
     """Special tokens that tokenizer_config.json names but tokenizer.json lacks: transformers adds
     them on load, so len(tokenizer) counts them."""
     config_file = os.path.join(path, "tokenizer_config.json") if os.path.isdir(path) else None
