@@ -1,6 +1,8 @@
 """Cross entropy over logits split along the vocabulary across TP ranks, without gathering them:
 the max, then the sum of exponentials and the target logit together (one all-reduce of both), are
 all-reduced as scalars per token."""
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -9,7 +11,7 @@ from .parallel_state import (get_tensor_model_parallel_group, get_tensor_model_p
 from .shm_comm import tensor_model_parallel_all_reduce
 
 
-def _all_reduce(x, op):
+def _all_reduce(x: torch.Tensor, op: dist.ReduceOp.RedOpType) -> None:
     if get_tensor_model_parallel_world_size() > 1:
         tensor_model_parallel_all_reduce(x, op, get_tensor_model_parallel_group())
 
@@ -17,7 +19,7 @@ def _all_reduce(x, op):
 class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, logits, target):
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # logits: [..., V/tp] (fp32), target: [...] global vocabulary ids
         logits_max = logits.max(dim=-1)[0]
         _all_reduce(logits_max, dist.ReduceOp.MAX)
@@ -40,13 +42,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         softmax, outside, local_target = ctx.saved_tensors
         grad = softmax  # d loss / d logits = softmax - onehot(target)
         grad.scatter_add_(-1, local_target.unsqueeze(-1), (outside.to(grad.dtype) - 1.0).unsqueeze(-1))
         return grad.mul_(grad_output.unsqueeze(-1)), None
 
 
-def vocab_parallel_cross_entropy(logits, target):
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-token loss; logits are upcast to fp32 for a stable softmax."""
     return _VocabParallelCrossEntropy.apply(logits.float(), target)

@@ -5,6 +5,9 @@ slice, so a TP=n model holds exactly the slices of the TP=1 weights for the same
 parameters carry `tensor_model_parallel` / `partition_dim` tags; untagged parameters are
 replicated on every TP rank (the parameter count and gradient-norm code rely on this).
 """
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,13 +17,14 @@ from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_
 from .parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
 
-def set_tensor_model_parallel_attributes(param, partition_dim):
+def set_tensor_model_parallel_attributes(param: torch.Tensor, partition_dim: int) -> None:
     param.tensor_model_parallel = True
     param.partition_dim = partition_dim
     param.partition_stride = 1
 
 
-def _sliced_parameter(full_shape, partition_dim, init_method, dtype, split=True):
+def _sliced_parameter(full_shape: tuple[int, ...], partition_dim: int, init_method: Callable[[torch.Tensor], Any],
+                      dtype: torch.dtype, split: bool = True) -> nn.Parameter:
     """This TP rank's slice of the TP=1 tensor (split=False: the whole tensor, untagged)."""
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
@@ -35,7 +39,7 @@ def _sliced_parameter(full_shape, partition_dim, init_method, dtype, split=True)
     return param
 
 
-def divide(numerator, denominator):
+def divide(numerator: int, denominator: int) -> int:
     assert numerator % denominator == 0, f"{numerator} is not divisible by {denominator}"
     return numerator // denominator
 
@@ -43,7 +47,8 @@ def divide(numerator, denominator):
 class VocabParallelEmbedding(nn.Module):
     """Embedding split along the (padded) vocabulary: each TP rank owns a contiguous id range."""
 
-    def __init__(self, num_embeddings, embedding_dim, init_method, params_dtype=torch.float32):
+    def __init__(self, num_embeddings: int, embedding_dim: int, init_method: Callable[[torch.Tensor], Any],
+                 params_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         world = get_tensor_model_parallel_world_size()
         per_rank = divide(num_embeddings, world)
@@ -52,7 +57,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.weight = _sliced_parameter((num_embeddings, embedding_dim), 0, init_method, params_dtype)
 
-    def forward(self, input_ids):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if get_tensor_model_parallel_world_size() == 1:
             return F.embedding(input_ids, self.weight)
         # ids outside our slice look up row 0 and are zeroed; the all-reduce fills them in
@@ -66,8 +71,9 @@ class ColumnParallelLinear(nn.Module):
     """Y = XA + b with A split along its output dimension: A = [A_1 ... A_p].
     tensor_parallel=False: A whole on this rank, no collective (an MoE expert that is not split)."""
 
-    def __init__(self, input_size, output_size, init_method, bias=True, gather_output=False,
-                 params_dtype=torch.float32, tensor_parallel=True):
+    def __init__(self, input_size: int, output_size: int, init_method: Callable[[torch.Tensor], Any],
+                 bias: bool = True, gather_output: bool = False, params_dtype: torch.dtype = torch.float32,
+                 tensor_parallel: bool = True) -> None:
         super().__init__()
         self.gather_output = gather_output
         self.tensor_parallel = tensor_parallel
@@ -77,7 +83,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.tensor_parallel:
             return F.linear(x, self.weight, self.bias)
         x = copy_to_tensor_model_parallel_region(x)
@@ -90,8 +96,8 @@ class RowParallelLinear(nn.Module):
     The bias is replicated and added once, after the reduction. tensor_parallel=False: A whole
     on this rank, no reduction."""
 
-    def __init__(self, input_size, output_size, init_method, bias=True, params_dtype=torch.float32,
-                 tensor_parallel=True):
+    def __init__(self, input_size: int, output_size: int, init_method: Callable[[torch.Tensor], Any],
+                 bias: bool = True, params_dtype: torch.dtype = torch.float32, tensor_parallel: bool = True) -> None:
         super().__init__()
         self.tensor_parallel = tensor_parallel
         self.weight = _sliced_parameter((output_size, input_size), 1, init_method, params_dtype, tensor_parallel)
@@ -100,7 +106,7 @@ class RowParallelLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
         if self.tensor_parallel:
             y = reduce_from_tensor_model_parallel_region(y)

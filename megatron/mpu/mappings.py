@@ -2,6 +2,8 @@
 
 Each function is the identity when TP=1, so the TP=1 model runs no collective at all.
 """
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -9,7 +11,7 @@ from .parallel_state import get_tensor_model_parallel_group, get_tensor_model_pa
 from .shm_comm import tensor_model_parallel_all_reduce
 
 
-def _reduce(x):
+def _reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum over the TP group, in place: the partial sums (a row-parallel output, a gradient) are
     this function's to overwrite, so no copy (the forward marks its input dirty, so autograd
     refuses if anything else had saved it)."""
@@ -20,7 +22,7 @@ def _reduce(x):
     return tensor_model_parallel_all_reduce(x, dist.ReduceOp.SUM, get_tensor_model_parallel_group())
 
 
-def _gather_last_dim(x):
+def _gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     world = get_tensor_model_parallel_world_size()
     if world == 1:
         return x
@@ -29,7 +31,7 @@ def _gather_last_dim(x):
     return torch.cat(parts, dim=-1)
 
 
-def _split_last_dim(x):
+def _split_last_dim(x: torch.Tensor) -> torch.Tensor:
     world = get_tensor_model_parallel_world_size()
     if world == 1:
         return x
@@ -41,11 +43,11 @@ class _CopyToModelParallelRegion(torch.autograd.Function):
     """Forward: identity. Backward: all-reduce (each TP rank used the full input)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return x
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return _reduce(grad)
 
 
@@ -53,14 +55,14 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
     """Forward: all-reduce partial sums. Backward: identity."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         reduced = _reduce(x)
         if reduced is x and get_tensor_model_parallel_world_size() > 1:
             ctx.mark_dirty(x)
         return reduced
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad
 
 
@@ -68,21 +70,21 @@ class _GatherFromModelParallelRegion(torch.autograd.Function):
     """Forward: concatenate the last-dim slices. Backward: keep our slice."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         return _gather_last_dim(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return _split_last_dim(grad)
 
 
-def copy_to_tensor_model_parallel_region(x):
+def copy_to_tensor_model_parallel_region(x: torch.Tensor) -> torch.Tensor:
     return _CopyToModelParallelRegion.apply(x)
 
 
-def reduce_from_tensor_model_parallel_region(x):
+def reduce_from_tensor_model_parallel_region(x: torch.Tensor) -> torch.Tensor:
     return _ReduceFromModelParallelRegion.apply(x)
 
 
-def gather_from_tensor_model_parallel_region(x):
+def gather_from_tensor_model_parallel_region(x: torch.Tensor) -> torch.Tensor:
     return _GatherFromModelParallelRegion.apply(x)

@@ -4,6 +4,8 @@ DeepSpeed's `PipeModelDataParallelTopology` is the single source of truth for wh
 where (axes pipe, data, model; model varies fastest), so the groups built here are exactly the
 ones DeepSpeed's pipeline grid builds from the same topology object.
 """
+from typing import Any
+
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -25,15 +27,15 @@ __all__ = [
     "get_model_parallel_rank",
 ]
 
-_TOPOLOGY = None
-_TP_GROUP = None        # ranks holding the other slices of the same layers
-_PP_GROUP = None        # ranks holding the other stages of the same TP slice
-_DP_GROUP = None        # replicas of the same (stage, slice)
-_MP_GROUP = None        # TP x PP: one whole model replica
-_TP_RANKS = None
+_TOPOLOGY: PipeModelDataParallelTopology | None = None
+_TP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other slices of the same layers
+_PP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other stages of the same TP slice
+_DP_GROUP: dist.ProcessGroup | None = None  # replicas of the same (stage, slice)
+_MP_GROUP: dist.ProcessGroup | None = None  # TP x PP: one whole model replica
+_TP_RANKS: list[int] | None = None
 
 
-def initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1):
+def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1) -> None:
     """Create every group on every rank, in the same order (new_group is collective)."""
     global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _TP_RANKS
     world_size = dist.get_world_size()
@@ -57,67 +59,67 @@ def initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_paral
     _TOPOLOGY = topo
 
 
-def get_topology():
+def get_topology() -> PipeModelDataParallelTopology | None:
     return _TOPOLOGY
 
 
-def _coord():
+def _coord() -> Any:
     return _TOPOLOGY.get_coord(dist.get_rank())
 
 
 # --- tensor model parallel -------------------------------------------------------------
-def get_tensor_model_parallel_group():
+def get_tensor_model_parallel_group() -> dist.ProcessGroup | None:
     return _TP_GROUP
 
 
-def get_tensor_model_parallel_world_size():
+def get_tensor_model_parallel_world_size() -> int:
     return _TOPOLOGY.get_dim("model")
 
 
-def get_tensor_model_parallel_rank():
+def get_tensor_model_parallel_rank() -> int:
     return _coord().model
 
 
-def get_tensor_model_parallel_src_rank():
+def get_tensor_model_parallel_src_rank() -> int:
     """Global rank of TP rank 0 in this rank's TP group."""
     return _TP_RANKS[0]
 
 
 # --- pipeline model parallel -----------------------------------------------------------
-def get_pipeline_model_parallel_group():
+def get_pipeline_model_parallel_group() -> dist.ProcessGroup | None:
     return _PP_GROUP
 
 
-def get_pipeline_model_parallel_world_size():
+def get_pipeline_model_parallel_world_size() -> int:
     return _TOPOLOGY.get_dim("pipe")
 
 
-def get_pipeline_model_parallel_rank():
+def get_pipeline_model_parallel_rank() -> int:
     return _coord().pipe
 
 
 # --- data parallel ---------------------------------------------------------------------
-def get_data_parallel_group():
+def get_data_parallel_group() -> dist.ProcessGroup | None:
     return _DP_GROUP
 
 
-def get_data_parallel_world_size():
+def get_data_parallel_world_size() -> int:
     return _TOPOLOGY.get_dim("data")
 
 
-def get_data_parallel_rank():
+def get_data_parallel_rank() -> int:
     return _coord().data
 
 
 # --- model parallel = TP x PP (one replica). With PP=1 (the only case in which DeepSpeed's
 # non-pipeline engine receives this module as `mpu`) it is the TP group, as DeepSpeed expects.
-def get_model_parallel_group():
+def get_model_parallel_group() -> dist.ProcessGroup | None:
     return _MP_GROUP
 
 
-def get_model_parallel_world_size():
+def get_model_parallel_world_size() -> int:
     return get_tensor_model_parallel_world_size() * get_pipeline_model_parallel_world_size()
 
 
-def get_model_parallel_rank():
+def get_model_parallel_rank() -> int:
     return dist.get_rank(group=_MP_GROUP)

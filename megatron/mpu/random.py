@@ -6,6 +6,10 @@ all of them. The tracker keeps a separate generator state for the former ("model
 Works on CPU (torch's default generator) and CUDA (the current device's generator).
 """
 import contextlib
+from argparse import Namespace
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -15,11 +19,11 @@ _MODEL_PARALLEL_RNG = "model-parallel-rng"
 _DS_CHECKPOINTING = False  # set by configure_deepspeed_checkpointing()
 
 
-def _get_state():
+def _get_state() -> torch.Tensor:
     return torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.get_rng_state()
 
 
-def _set_state(state):
+def _set_state(state: torch.Tensor) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_rng_state(state)
     else:
@@ -27,19 +31,19 @@ def _set_state(state):
 
 
 class RNGStatesTracker:
-    def __init__(self):
+    def __init__(self) -> None:
+        self.states: dict[str, torch.Tensor] = {}
+
+    def reset(self) -> None:
         self.states = {}
 
-    def reset(self):
-        self.states = {}
-
-    def get_states(self):
+    def get_states(self) -> dict[str, torch.Tensor]:
         return dict(self.states)
 
-    def set_states(self, states):
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
         self.states = dict(states)
 
-    def add(self, name, seed):
+    def add(self, name: str, seed: int) -> None:
         if name in self.states:
             raise ValueError(f"RNG state {name} already exists")
         orig = _get_state()
@@ -51,7 +55,7 @@ class RNGStatesTracker:
         _set_state(orig)
 
     @contextlib.contextmanager
-    def fork(self, name=_MODEL_PARALLEL_RNG):
+    def fork(self, name: str = _MODEL_PARALLEL_RNG) -> Iterator[None]:
         orig = _get_state()
         _set_state(self.states[name])
         try:
@@ -64,7 +68,7 @@ class RNGStatesTracker:
 _TRACKER = RNGStatesTracker()
 
 
-def get_cuda_rng_tracker():
+def get_cuda_rng_tracker() -> Any:
     """The tracker in use (DeepSpeed's when its activation checkpointing is configured, because
     its checkpoint function restores only its own tracker's states on recompute)."""
     if _DS_CHECKPOINTING:
@@ -73,7 +77,7 @@ def get_cuda_rng_tracker():
     return _TRACKER
 
 
-def model_parallel_seed(seed):
+def model_parallel_seed(seed: int) -> None:
     """Seed the default generator (same on all TP ranks, offset by stage) and the
     model-parallel generator (different per TP rank), as Megatron does."""
     seed = seed + 100 * get_pipeline_model_parallel_rank()
@@ -90,7 +94,7 @@ class _TensorParallelView:
     """deepspeed.checkpointing partitions activations over what it calls the model-parallel
     group; the ranks that hold the same activations are the TP group, not TP x PP."""
 
-    def __init__(self, mpu):
+    def __init__(self, mpu: ModuleType) -> None:
         self.get_model_parallel_rank = mpu.get_tensor_model_parallel_rank
         self.get_model_parallel_group = mpu.get_tensor_model_parallel_group
         self.get_model_parallel_world_size = mpu.get_tensor_model_parallel_world_size
@@ -99,7 +103,7 @@ class _TensorParallelView:
         self.get_data_parallel_world_size = mpu.get_data_parallel_world_size
 
 
-def configure_deepspeed_checkpointing(args, mpu):
+def configure_deepspeed_checkpointing(args: Namespace, mpu: ModuleType) -> None:
     """--deepspeed-activation-checkpointing: use deepspeed.checkpointing (partitioned /
     contiguous / CPU activation checkpoints) instead of our checkpoint function."""
     global _DS_CHECKPOINTING
@@ -121,7 +125,7 @@ class CheckpointFunction(torch.autograd.Function):
     that dropout masks of the recomputation equal the original ones."""
 
     @staticmethod
-    def forward(ctx, function, *args):
+    def forward(ctx: Any, function: Callable[..., Any], *args: torch.Tensor) -> Any:
         ctx.function = function
         ctx.fwd_rng_state = _get_state()
         ctx.fwd_cpu_rng_state = torch.get_rng_state()
@@ -132,7 +136,7 @@ class CheckpointFunction(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inputs = [x.detach().requires_grad_(x.requires_grad) for x in ctx.saved_tensors]
         rng, cpu_rng, tracker = _get_state(), torch.get_rng_state(), _TRACKER.get_states()
         _set_state(ctx.fwd_rng_state)
@@ -153,7 +157,7 @@ class CheckpointFunction(torch.autograd.Function):
         return (None,) + tuple(x.grad for x in inputs)
 
 
-def checkpoint(function, *args):
+def checkpoint(function: Callable[..., Any], *args: torch.Tensor) -> Any:
     if _DS_CHECKPOINTING:
         import deepspeed
         return deepspeed.checkpointing.checkpoint(function, *args)

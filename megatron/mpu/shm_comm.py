@@ -38,7 +38,7 @@ _SUPPORTED = (dist.ReduceOp.SUM, dist.ReduceOp.MAX)
 
 
 class SharedMemoryGroup:
-    def __init__(self, group, slot_bytes=SLOT_BYTES):
+    def __init__(self, group: dist.ProcessGroup, slot_bytes: int = SLOT_BYTES) -> None:
         self.size = dist.get_world_size(group=group)
         self.rank = dist.get_rank(group=group)
         self.slot_bytes = slot_bytes
@@ -79,11 +79,11 @@ class SharedMemoryGroup:
         self._flags = memory[:flags].view(torch.int64)[::_FLAG_STRIDE // 8]
         self._data = memory[flags:]
 
-    def _slot(self, buffer, rank, dtype, numel):
+    def _slot(self, buffer: int, rank: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         start = (buffer * self.size + rank) * self.slot_bytes
         return self._data[start:start + numel * dtype.itemsize].view(dtype)
 
-    def _wait(self, seq):
+    def _wait(self, seq: int) -> None:
         """Until every rank has published `seq`: poll briefly (TP peers run in lockstep), then sleep
         in a read of this rank's FIFO, which a peer writes after publishing. A ready flag may
         leave a wake-up unread; a later read returns at once and the loop checks the flags again."""
@@ -94,10 +94,12 @@ class SharedMemoryGroup:
                 continue
             ready, _, _ = select.select([self._wake[self.rank]], [], [], _TIMEOUT_S)
             if not ready:
-                raise RuntimeError(f"shared-memory TP all-reduce: a peer did not arrive within {_TIMEOUT_S:.0f} s")
+                raise RuntimeError(
+                    f"shared-memory TP all-reduce: a peer did not arrive within {_TIMEOUT_S:.0f} s"
+                )
             os.read(self._wake[self.rank], 4096)
 
-    def _publish(self, seq):
+    def _publish(self, seq: int) -> None:
         self._flags[self.rank] = seq  # after the data (x86 keeps stores in order)
         for rank, fd in enumerate(self._wake):
             if rank != self.rank:
@@ -106,7 +108,7 @@ class SharedMemoryGroup:
                 except BlockingIOError:  # the pipe is full of unread wake-ups: the peer will look
                     pass
 
-    def all_reduce(self, x, op=dist.ReduceOp.SUM):
+    def all_reduce(self, x: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
         """In place, like dist.all_reduce; x contiguous."""
         flat = x.view(-1)
         chunk = self.slot_bytes // x.element_size()
@@ -125,10 +127,10 @@ class SharedMemoryGroup:
         return x
 
 
-_TP_GROUP = None  # this rank's SharedMemoryGroup for its TP group, once enabled
+_TP_GROUP: SharedMemoryGroup | None = None  # this rank's SharedMemoryGroup for its TP group, once enabled
 
 
-def enable_for_tensor_model_parallel(group):
+def enable_for_tensor_model_parallel(group: dist.ProcessGroup) -> str:
     """Collective over the TP group. Returns a line saying which path the TP all-reduces take."""
     global _TP_GROUP
     if dist.get_world_size(group=group) == 1:
@@ -139,12 +141,13 @@ def enable_for_tensor_model_parallel(group):
     return f"TP all-reduce: shared memory ({PREFIX}* in /dev/shm, unlinked once mapped)"
 
 
-def disable():
+def disable() -> None:
     global _TP_GROUP
     _TP_GROUP = None
 
 
-def tensor_model_parallel_all_reduce(x, op, group):
+def tensor_model_parallel_all_reduce(x: torch.Tensor, op: dist.ReduceOp.RedOpType,
+                                     group: dist.ProcessGroup | None) -> torch.Tensor:
     """x in place over the TP group: shared memory when enabled for this tensor, else torch.distributed."""
     if _TP_GROUP is not None and op in _SUPPORTED and x.device.type == "cpu":
         return _TP_GROUP.all_reduce(x, op)
@@ -152,21 +155,21 @@ def tensor_model_parallel_all_reduce(x, op, group):
     return x
 
 
-def _unlink(path):
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
 
 
-def one_host(group):
+def one_host(group: dist.ProcessGroup) -> bool:
     """Whether every rank of `group` runs on this host."""
     hosts = [None] * dist.get_world_size(group=group)
     dist.all_gather_object(hosts, socket.gethostname(), group=group)
     return len(set(hosts)) == 1
 
 
-def applies(group):
+def applies(group: dist.ProcessGroup) -> bool:
     """The shared-memory path serves a TP group of 2 gloo ranks on one host (see the docstring)."""
     return (dist.get_world_size(group=group) == 2 and dist.get_backend(group) == "gloo"
             and os.path.isdir("/dev/shm") and one_host(group))
