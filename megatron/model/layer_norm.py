@@ -12,7 +12,7 @@ RMSNorm = torch.nn.RMSNorm
 LAYER_NORM_TYPES = tuple(t for t in (torch.nn.LayerNorm, _ApexLayerNorm, RMSNorm) if t is not None)
 
 
-def norm_class(normalization):
+def norm_class(normalization: str) -> type[torch.nn.Module]:
     """The transformer's norms (input, post-attention, final) as the shape says; both classes take
     (hidden_size, eps=...), so DeepSpeed's LayerSpec can build either."""
     return RMSNorm if normalization == "rmsnorm" else LayerNorm

@@ -21,11 +21,13 @@ costs several transformer layers, so an even layer count leaves every other stag
 last one; the cost-balanced default gives the last stage fewer layers.
 """
 import re
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from .analytic import (_embedding_specs, _norm_specs, _output_layer_specs, _transformer_layer_or_moe_specs,
+from .analytic import (ParamSpec, _embedding_specs, _norm_specs, _output_layer_specs, _transformer_layer_or_moe_specs,
                        held_by_expert_parallel_rank, layer_forward_flops, logits_forward_flops)
+from .shape import ModelShape
 
 DEFAULT_METHOD = "flops"
 DEEPSPEED_METHODS = ("uniform", "parameters", "type:REGEX")
@@ -33,19 +35,19 @@ TRANSFORMER_ITEM = "ParallelTransformerLayerPipe"
 
 
 class PipeItem(NamedTuple):
-    name: str     # the class (function) name DeepSpeed's type:REGEX matches
-    layer: int    # the parameter table's layer index (None: the MoE loss function, no parameters)
-    params: int   # parameters one rank builds for it (TP-local, its EP rank's experts), as DeepSpeed counts
-    flops: int    # model FLOPs per sample, forward + backward (no recompute: see stage_parts)
+    name: str          # the class (function) name DeepSpeed's type:REGEX matches
+    layer: int | None  # the parameter table's layer index (None: the MoE loss function, no parameters)
+    params: int        # parameters one rank builds for it (TP-local, its EP rank's experts), as DeepSpeed counts
+    flops: int         # model FLOPs per sample, forward + backward (no recompute: see stage_parts)
 
 
-def _local(specs, shape):
+def _local(specs: Iterable[ParamSpec], shape: ModelShape) -> int:
     tp = shape.tensor_model_parallel_size
     return sum(spec.local_numel(tp) for spec in specs if held_by_expert_parallel_rank(shape, spec, 0))
 
 
 @lru_cache(maxsize=64)
-def pipe_items(shape):
+def pipe_items(shape: ModelShape) -> tuple[PipeItem, ...]:
     """GPTModelPipe's layer specs in order, as DeepSpeed sees them (a tuple: cached per shape)."""
     L = shape.num_layers
     # DeepSpeed builds the tied copy as a whole EmbeddingPipe (word and position tables)
@@ -67,7 +69,7 @@ def pipe_items(shape):
     return tuple(items)
 
 
-def method_error(method, shape):
+def method_error(method: str | None, shape: ModelShape) -> str | None:
     """One line naming --pp-partition-method and the fix, or None when the method applies."""
     choices = f"use {DEFAULT_METHOD} (the default), {', '.join(DEEPSPEED_METHODS)}"
     if method is None or method.lower() in (DEFAULT_METHOD, "uniform"):
@@ -95,14 +97,14 @@ def method_error(method, shape):
 
 # --- DeepSpeed's rules (deepspeed/runtime/utils.py partition_uniform / partition_balanced) -----
 
-def _uniform(n, parts):
+def _uniform(n: int, parts: int) -> list[int]:
     if n <= parts:
         return [min(p, n) for p in range(parts + 1)]
     chunk, extra = divmod(n, parts)
     return [p * chunk + min(p, extra) for p in range(parts + 1)]  # the first `extra` stages take one more
 
 
-def _spread_balanced(weights, parts):
+def _spread_balanced(weights: Sequence[int], parts: int) -> list[int]:
     """DeepSpeed's dynamic programme: for each prefix and stage count it keeps the split whose
     (largest - smallest stage weight), built from the best split of a shorter prefix, is smallest;
     on a tie the later cut wins. Not min-max: its exact choices decide where DeepSpeed cuts."""
@@ -132,7 +134,8 @@ def _spread_balanced(weights, parts):
 
 # --- ours: the most expensive stage as cheap as possible ---------------------------------------
 
-def _min_max(values, parts, cap=None):
+def _min_max(values: Sequence[int], parts: int,
+             cap: tuple[Sequence[int], float] | None = None) -> tuple[float, list[int]] | None:
     """Contiguous non-empty stages minimising the largest stage sum of `values`, optionally only
     among splits whose `cap[0]` sums stay <= cap[1]. Returns (largest sum, parts) or None."""
     n, inf = len(values), float("inf")
@@ -159,7 +162,7 @@ def _min_max(values, parts, cap=None):
     return best[n][parts], bounds[::-1]
 
 
-def _flops_balanced(items, parts):
+def _flops_balanced(items: Sequence[PipeItem], parts: int) -> list[int]:
     flops = [item.flops for item in items]
     bottleneck, _ = _min_max(flops, parts)
     # among the splits with that bottleneck, the one with the smallest largest stage in parameters
@@ -168,7 +171,7 @@ def _flops_balanced(items, parts):
 
 
 @lru_cache(maxsize=64)
-def stage_parts(shape):
+def stage_parts(shape: ModelShape) -> tuple[int, ...]:
     """The P + 1 item boundaries of the shape's pipeline split (see the module docstring). The
     cost-balanced split uses model FLOPs without activation recompute, so it is a property of the
     model and layout alone: a checkpoint resumes with or without --checkpoint-activations."""
@@ -184,20 +187,20 @@ def stage_parts(shape):
     return tuple(_spread_balanced([1 if regex.search(item.name) else 0 for item in items], parts))
 
 
-def stage_items(shape):
+def stage_items(shape: ModelShape) -> list[list[PipeItem]]:
     """[[PipeItem]] per stage."""
     items, parts = pipe_items(shape), stage_parts(shape)
     return [list(items[parts[p]:parts[p + 1]]) for p in range(len(parts) - 1)]
 
 
 @lru_cache(maxsize=64)
-def stage_of_item_layer(shape):
+def stage_of_item_layer(shape: ModelShape) -> dict[int, int]:
     """{table layer index: stage} for every item with parameters (cached: the table asks per tensor)."""
     return {item.layer: stage for stage, held in enumerate(stage_items(shape)) for item in held
             if item.layer is not None}
 
 
-def describe_stage(items, num_layers):
+def describe_stage(items: Iterable[PipeItem], num_layers: int) -> str:
     """e.g. "embedding, layers 1-4" / "layers 5-8, norm, output layer"."""
     parts, layers = [], [item.layer for item in items if item.name == TRANSFORMER_ITEM]
     for item in items:

@@ -7,7 +7,8 @@ import math
 import torch
 
 
-def rotary_tables(seq_length, rotary_dim, theta, device):
+def rotary_tables(seq_length: int, rotary_dim: int, theta: float,
+                  device: torch.device | str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [s, r] for channel pairs (i, i + r/2) of the r rotated channels, the GPT-NeoX / LLaMA
     "rotate half" layout; the frequencies are spaced over r, not the head dim (as both do)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim))
@@ -16,7 +17,7 @@ def rotary_tables(seq_length, rotary_dim, theta, device):
     return angles.cos(), angles.sin()
 
 
-def apply_rotary(x, cos, sin):
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [b, heads, s, d]: its first r = cos.size(-1) channels rotated by position, the other d - r
     unchanged; computed in fp32, returned in x's dtype."""
     r = cos.size(-1)
@@ -26,11 +27,11 @@ def apply_rotary(x, cos, sin):
     return torch.cat(((x_rot * cos + rotated * sin).to(x.dtype), x_pass), dim=-1)
 
 
-def alibi_slopes(num_heads):
+def alibi_slopes(num_heads: int) -> list[float]:
     """BigScience's / the ALiBi paper's slopes: a geometric sequence starting at 2^(-8/n) for n a
     power of 2; otherwise those of the closest smaller power of 2, then every other slope of the
     next power of 2."""
-    def power_of_2(n):
+    def power_of_2(n: int) -> list[float]:
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
         return [start * start ** i for i in range(n)]
 
@@ -40,7 +41,8 @@ def alibi_slopes(num_heads):
     return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][:num_heads - closest]
 
 
-def alibi_causal_bias(slopes, seq_length, device, dtype):
+def alibi_causal_bias(slopes: torch.Tensor, seq_length: int, device: torch.device | str | None,
+                      dtype: torch.dtype) -> torch.Tensor:
     """[heads, s, s]: slope x (key position - query position) on and below the diagonal, -inf
     above it (the causal mask, folded in so one additive mask does both)."""
     pos = torch.arange(seq_length, device=device)
