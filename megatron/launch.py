@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # " iteration  12/  40 | consumed samples: ... | lm loss: 6.4E+00 | ... | samples per second: 17.4 | TFLOPs: 0.01 |"
@@ -14,13 +15,14 @@ _FIELD = re.compile(r" ([a-zA-Z][a-zA-Z ()]*?): +([-+0-9.E]+|nan|inf) \|")  # va
 _ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \|(.*)$", re.MULTILINE)
 
 
-def free_port():
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run_deepspeed(num_ranks, script, flags, env=None, threads_per_rank=1, timeout=None):
+def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Mapping[str, str] | None = None,
+                  threads_per_rank: int = 1, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     """The completed process, stdout and stderr together in `.stdout`; runs from the repository root.
 
     Runs the command that `deepspeed --num_gpus N` (deepspeed.launcher.runner) execs on a single
@@ -38,7 +40,7 @@ def run_deepspeed(num_ranks, script, flags, env=None, threads_per_rank=1, timeou
                           timeout=timeout)
 
 
-def logged_iterations(output):
+def logged_iterations(output: str) -> dict[int, dict[str, float]]:
     """{iteration: {field: value}} from the training log lines, e.g. out[12]["lm loss"]."""
     return {int(m.group(1)): {k: float(v) for k, v in _FIELD.findall(m.group(2) + " ")}
             for m in _ITERATION.finditer(output)}

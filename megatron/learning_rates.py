@@ -3,6 +3,8 @@ measured in samples (iteration-based flags are converted to samples with the glo
 tokens when --lr-warmup-tokens or --lr-decay-tokens is given (Microsoft's Megatron-DeepSpeed:
 token lengths override the iteration/sample ones; tokens = samples x --seq-length)."""
 import math
+from argparse import Namespace
+from typing import Any
 
 from megatron.model.shape import ConfigError
 
@@ -14,7 +16,7 @@ CHECKED = (("max_lr", "learning rate"), ("min_lr", "minimum learning rate"),
 _SAVED_KEYS = {"warmup_samples": "warmup_steps", "decay_samples": "decay_steps", "decay_style": "decay_style"}
 
 
-def schedule_lengths(args):
+def schedule_lengths(args: Namespace) -> tuple[tuple[int, int], tuple[int | None, int | None]]:
     """(warmup, decay) of the schedule in samples, and (warmup, decay) in tokens or (None, None)."""
     gbs = args.global_batch_size
     if args.train_iters is not None:
@@ -29,9 +31,11 @@ def schedule_lengths(args):
 
 
 class AnnealingLR:
-    def __init__(self, optimizer, max_lr, min_lr, warmup_samples, decay_samples, decay_style,
-                 tokens_per_sample=None, warmup_tokens=None, decay_tokens=None,
-                 use_checkpoint_scheduler=False, override_scheduler=False):
+    # optimizer: anything with torch's `param_groups` (a torch optimizer or DeepSpeed's wrapper of one)
+    def __init__(self, optimizer: Any, max_lr: float, min_lr: float, warmup_samples: int, decay_samples: int,
+                 decay_style: str, tokens_per_sample: int | None = None, warmup_tokens: int | None = None,
+                 decay_tokens: int | None = None, use_checkpoint_scheduler: bool = False,
+                 override_scheduler: bool = False) -> None:
         self.optimizer = optimizer
         self.max_lr, self.min_lr = max_lr, min_lr
         self.warmup_samples, self.decay_samples = warmup_samples, decay_samples
@@ -44,10 +48,10 @@ class AnnealingLR:
         self.step(0)
 
     @property
-    def token_based(self):
+    def token_based(self) -> bool:
         return self.warmup_tokens is not None or self.decay_tokens is not None
 
-    def _lengths(self):
+    def _lengths(self) -> tuple[int, int, int]:
         """(consumed, warmup, decay) in the schedule's unit: samples, or tokens in token mode."""
         if not self.token_based:
             return self.num_samples, self.warmup_samples, self.decay_samples
@@ -56,7 +60,7 @@ class AnnealingLR:
         decay = self.decay_tokens if self.decay_tokens is not None else self.decay_samples * t
         return self.num_samples * t, warmup, decay
 
-    def get_lr(self):
+    def get_lr(self) -> float:
         n, warmup, decay = self._lengths()
         if warmup > 0 and n <= warmup:
             return self.max_lr * n / warmup
@@ -71,7 +75,7 @@ class AnnealingLR:
             coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + coeff * (self.max_lr - self.min_lr)
 
-    def step(self, samples):
+    def step(self, samples: int) -> float:
         """Advance by `samples` (the global batch of the iteration just applied)."""
         self.num_samples += samples
         lr = self.get_lr()
@@ -79,7 +83,7 @@ class AnnealingLR:
             group["lr"] = lr
         return lr
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         # key names as Megatron saves them (num_steps, warmup_steps, decay_steps), which count samples
         # here; the token ones as BigScience's fork names them
         return {"num_steps": self.num_samples, "max_lr": self.max_lr, "min_lr": self.min_lr,
@@ -87,7 +91,7 @@ class AnnealingLR:
                 "decay_style": self.decay_style, "num_tokens": self._lengths()[0] if self.token_based else None,
                 "warmup_tokens": self.warmup_tokens, "decay_tokens": self.decay_tokens}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """The position always comes from the checkpoint. The schedule's settings must equal the
         flags', unless --override-opt_param-scheduler (the flags win) or
         --use-checkpoint-opt_param-scheduler (the checkpoint wins), as in both forks."""

@@ -3,12 +3,13 @@ loggers on rank 0 and on every other rank — this code base's own (`megatron`),
 transformers' when a tokenizer brought it in. Unset leaves each library's default."""
 import logging
 import sys
+from argparse import Namespace
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
           "critical": logging.CRITICAL}
 
 
-def apply_log_levels(args, rank):
+def apply_log_levels(args: Namespace, rank: int) -> None:
     name = args.log_level if rank == 0 else args.log_level_replica
     if name is None:
         return

@@ -2,16 +2,19 @@
 --rampup-batch-size <start> <increment> <ramp-up samples>: the global batch grows from <start>
 by <increment> in equal sample intervals until it reaches --global-batch-size."""
 import math
+from argparse import Namespace
+from collections.abc import Sequence
 
 
 class NumMicroBatchesCalculator:
-    def __init__(self, global_batch_size, micro_batch_size, data_parallel_size, rampup_batch_size=None):
+    def __init__(self, global_batch_size: int, micro_batch_size: int, data_parallel_size: int,
+                 rampup_batch_size: Sequence[int] | None = None) -> None:
         self.final_global_batch_size = global_batch_size
         self.micro_batch_times_dp = micro_batch_size * data_parallel_size
         self.rampup = rampup_batch_size
         self.update(0)
 
-    def update(self, consumed_samples):
+    def update(self, consumed_samples: int) -> None:
         if self.rampup is None:
             gbs = self.final_global_batch_size
         else:
@@ -25,14 +28,14 @@ class NumMicroBatchesCalculator:
         self.current_global_batch_size = gbs
         self.num_micro_batches = gbs // self.micro_batch_times_dp
 
-    def get(self):
+    def get(self) -> int:
         return self.num_micro_batches
 
-    def get_current_global_batch_size(self):
+    def get_current_global_batch_size(self) -> int:
         return self.current_global_batch_size
 
 
-def run_length(args):
+def run_length(args: Namespace) -> tuple[int, int]:
     """(iterations, samples) of the whole run: it stops at --train-iters or --train-samples, or
     earlier once --train-tokens tokens (samples x --seq-length) are consumed (Microsoft's fork
     keeps both limits), while the global batch ramps up."""
@@ -56,6 +59,6 @@ def run_length(args):
     return iterations, consumed
 
 
-def num_train_iterations(args):
+def num_train_iterations(args: Namespace) -> int:
     """Iterations of the run (see run_length)."""
     return run_length(args)[0]

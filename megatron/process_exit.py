@@ -14,9 +14,10 @@ import atexit
 import logging
 import os
 import sys
+from typing import NoReturn
 
 
-def exit_after_success():
+def exit_after_success() -> NoReturn:
     """Close the TensorBoard writer, run the registered exit handlers (logging's flush and any
     clean-up a library registered), flush stdout / stderr, and end the process with status 0.
     Checkpoints need nothing here: DeepSpeed's save has written and closed every file before

@@ -6,10 +6,19 @@ those of the unskipped run; no forward, backward or optimizer step runs and the 
 not advance (as for an fp16 step skipped on overflow). BigScience's loop leaves the iteration
 number where it was and drops a count of batches that depends on where the run resumed; the
 meaning above is the one its help text gives, and Megatron-LM's --iterations-to-skip."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
 from megatron.model.shape import require
 
+if TYPE_CHECKING:  # annotations only
+    from megatron.microbatches import NumMicroBatchesCalculator
+    from megatron.training_state import TrainingProgress
 
-def parse_ranges(values):
+
+def parse_ranges(values: Iterable[str]) -> list[tuple[int, int]]:
     """['101-200', '251-300'] -> [(101, 200), (251, 300)]: checked, sorted, overlaps merged."""
     ranges = []
     for text in values:
@@ -19,7 +28,7 @@ def parse_ranges(values):
         start, end = int(parts[0]), int(parts[1])
         require(1 <= start <= end, f"--skip-train-iteration-range {text}: needs 1 <= START <= END")
         ranges.append((start, end))
-    merged = []
+    merged: list[tuple[int, int]] = []
     for start, end in sorted(ranges):
         if merged and start <= merged[-1][1] + 1:
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
@@ -28,12 +37,13 @@ def parse_ranges(values):
     return merged
 
 
-def skipped_range(ranges, iteration):
+def skipped_range(ranges: Sequence[tuple[int, int]] | None, iteration: int) -> tuple[int, int] | None:
     """The range holding `iteration`, or None."""
     return next(((s, e) for s, e in ranges or () if s <= iteration <= e), None)
 
 
-def skip_iteration(calculator, train_iter, progress, seq_length):
+def skip_iteration(calculator: NumMicroBatchesCalculator, train_iter: Iterator[Any] | None,
+                   progress: TrainingProgress, seq_length: int) -> None:
     """Read and drop one iteration's micro-batches (ranks that read data); count it as consumed."""
     gbs = calculator.get_current_global_batch_size()
     if train_iter is not None:
