@@ -1,22 +1,22 @@
 """Megatron-DeepSpeed-style GPT pretraining with an exact, once-computed parameter count."""
 
 
-def _rank():
+def _rank() -> int:
     import torch.distributed as dist  # lazy: tools/param_count.py must not pay for torch
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _world_size():
+def _world_size() -> int:
     import torch.distributed as dist
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def print_rank_0(message):
+def print_rank_0(message: str) -> None:
     if _rank() == 0:
         print(message, flush=True)
 
 
-def print_rank_last(message):
+def print_rank_last(message: str) -> None:
     """The last rank sees the loss under pipeline parallelism, so it prints the log line."""
     if _rank() == _world_size() - 1:
         print(message, flush=True)

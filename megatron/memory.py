@@ -25,11 +25,14 @@ through when DP > 1. They are listed as `transient`.
 Activations are an estimate (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", counted for our layers): the bytes autograd saves for backward.
 """
+from argparse import Namespace
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import ceil
 from typing import NamedTuple
 
 from megatron.model.analytic import stage_parameters
+from megatron.model.shape import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MASTER_BYTES = 4  # fp32 master weights, Adam moments and DeepSpeed's fp32 partitions
@@ -61,11 +64,11 @@ class TrainingSetup:
     attention_dropout: float = 0.0
     reduce_bucket_size: int = REDUCE_BUCKET_SIZE
     overlap_comm: bool = False
-    grad_accum_dtype: str = None        # ds_config data_types.grad_accum_dtype; None: the model dtype
-    moe: bool = False                   # an MoE model: DeepSpeed reduces the gradients even at DP = 1
+    grad_accum_dtype: str | None = None  # ds_config data_types.grad_accum_dtype; None: the model dtype
+    moe: bool = False                    # an MoE model: DeepSpeed reduces the gradients even at DP = 1
 
     @classmethod
-    def from_args(cls, args, fused_adam=False):
+    def from_args(cls, args: Namespace, fused_adam: bool = False) -> "TrainingSetup":
         config = getattr(args, "deepspeed_config_dict", None) or {}
         zero = config.get("zero_optimization", {})
         stage = args.zero_stage if args.zero_stage is not None else zero.get("stage", 0)
@@ -87,10 +90,10 @@ class TrainingSetup:
                    moe=args.model_shape.is_moe)
 
     @property
-    def model_bytes(self):
+    def model_bytes(self) -> int:
         return DTYPE_BYTES[self.precision]
 
-    def optimizer_wrapper(self):
+    def optimizer_wrapper(self) -> str:
         """The optimizer DeepSpeed's engine builds around ours (see the module docstring)."""
         if self.zero_stage == 3:
             return "zero3"
@@ -121,11 +124,11 @@ class RankMemory(NamedTuple):
     transient: int               # extra bytes during backward / step (not in total)
 
     @property
-    def total(self):
+    def total(self) -> int:
         return self.weights + self.gradients + self.optimizer + self.activations
 
 
-def held_parameters(shape, stage, pipeline=True):
+def held_parameters(shape: ModelShape, stage: int, pipeline: bool = True) -> list[HeldParameter]:
     """This stage's parameters in `model.parameters()` order, per TP rank (every TP rank holds the
     same sizes). DeepSpeed's PipelineModule registers its tied modules first, so on the last of
     several stages the embedding copy comes before the transformer layers."""
@@ -139,17 +142,17 @@ def held_parameters(shape, stage, pipeline=True):
             for spec, _ in held]
 
 
-def param_groups(params):
+def param_groups(params: Sequence[HeldParameter]) -> list[list[HeldParameter]]:
     """The optimizer's param groups as megatron/optimizer.py builds them; empty ones are dropped."""
     return [g for g in ([p for p in params if p.matrix], [p for p in params if not p.matrix]) if g]
 
 
-def _aligned(numel, dp):
+def _aligned(numel: int, dp: int) -> int:
     alignment = 2 * dp  # DeepSpeed's nccl_start_alignment_factor x DP size
     return ceil(numel / alignment) * alignment
 
 
-def _in_partition(group, partition_size, dp_rank):
+def _in_partition(group: Iterable[HeldParameter], partition_size: int, dp_rank: int) -> list[HeldParameter]:
     """Parameters overlapping DP rank `dp_rank`'s slice (DeepSpeed's `get_partition_info`)."""
     start, end = partition_size * dp_rank, partition_size * (dp_rank + 1)
     held, offset = [], 0
@@ -160,14 +163,15 @@ def _in_partition(group, partition_size, dp_rank):
     return held
 
 
-def _state_bytes(setup, numel, per_tensor_step=True):
+def _state_bytes(setup: TrainingSetup, numel: int, per_tensor_step: bool = True) -> int:
     """Optimizer state of `numel` fp32 elements held as one tensor."""
     if setup.optimizer == "sgd":
         return numel * MASTER_BYTES if setup.sgd_momentum > 0 else 0
     return 2 * numel * MASTER_BYTES + (STEP_BYTES if per_tensor_step else 0)
 
 
-def model_state_bytes(params, setup, dp_rank=0):
+def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
+                      dp_rank: int = 0) -> tuple[int, int, int, int]:
     """(weights, gradients, optimizer, transient) bytes of one rank holding `params`."""
     b, dp = setup.model_bytes, setup.data_parallel_size
     wrapper = setup.optimizer_wrapper()
@@ -215,7 +219,7 @@ def model_state_bytes(params, setup, dp_rank=0):
     return weights, grads, optimizer, bucket + (full_grads if setup.zero_stage == 1 else 0)
 
 
-def _zero3_estimate(params, setup):
+def _zero3_estimate(params: Sequence[HeldParameter], setup: TrainingSetup) -> tuple[int, int, int, int]:
     """ZeRO 3 (an estimate, not checked against a run): every parameter padded to a multiple of
     DP and partitioned; small parameters (< 1e5 elements, stage3_param_persistence_threshold)
     also stay whole on every rank; gradients and fp32 optimizer state partitioned."""
@@ -228,7 +232,7 @@ def _zero3_estimate(params, setup):
 
 # --- activations (estimate) ------------------------------------------------------------------
 
-def layer_activation_bytes(shape, setup, b):
+def layer_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> int:
     """Bytes one transformer layer saves for backward for a micro-batch of `b` sequences on one
     TP rank. Korthikanti et al. count s b h (34 + 5 a s / h) at 2 bytes and TP=1; for our layer:
     LayerNorm inputs and outputs 4 sbh, QKV output 3sbh/t (q, k, v are views of it), attention
@@ -253,7 +257,7 @@ def layer_activation_bytes(shape, setup, b):
     return total
 
 
-def _embedding_activation_bytes(shape, setup, b):
+def _embedding_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> int:
     s, t = shape.seq_length, shape.tensor_model_parallel_size
     total = 8 * b * s + 8 * s  # token ids (TP>1: the local ids) and position ids for the lookups
     if t > 1:
@@ -263,7 +267,7 @@ def _embedding_activation_bytes(shape, setup, b):
     return total
 
 
-def _head_activation_bytes(shape, setup, b):
+def _head_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> int:
     """Final LayerNorm, logits and the vocab-parallel cross entropy (fp32 softmax)."""
     s, h, t = shape.seq_length, shape.hidden_size, shape.tensor_model_parallel_size
     sb = s * b
@@ -272,7 +276,7 @@ def _head_activation_bytes(shape, setup, b):
             + sb * (1 + 8) + 4 * sb + 4)                      # outside mask, local ids; loss mask, count
 
 
-def activation_bytes(shape, setup, stage):
+def activation_bytes(shape: ModelShape, setup: TrainingSetup, stage: int) -> tuple[int, int, int]:
     """(peak, per micro-batch, in flight) for one rank of `stage`. DeepSpeed's 1F1B schedule keeps
     min(PP - stage, micro-batches) micro-batches between forward and backward on a stage.
     With checkpointing a micro-batch keeps each chunk's input; in its backward the last stage's
@@ -303,7 +307,7 @@ def activation_bytes(shape, setup, stage):
 
 # --- all ranks -------------------------------------------------------------------------------
 
-def predict_memory(shape, setup):
+def predict_memory(shape: ModelShape, setup: TrainingSetup) -> list[RankMemory]:
     """RankMemory for every (stage, DP rank); every TP rank of a stage holds the same sizes."""
     ranks = []
     for stage in range(shape.pipeline_model_parallel_size):
@@ -315,18 +319,18 @@ def predict_memory(shape, setup):
     return ranks
 
 
-def most_loaded(ranks):
+def most_loaded(ranks: Iterable[RankMemory]) -> RankMemory:
     return max(ranks, key=lambda r: (r.total, r.transient))
 
 
-def format_bytes(n):
+def format_bytes(n: int) -> str:
     for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
 
 
-def _checkpointing_note(setup):
+def _checkpointing_note(setup: TrainingSetup) -> str:
     if not setup.checkpoint_activations:
         return ""
     if setup.checkpoint_method == "block":
@@ -334,7 +338,8 @@ def _checkpointing_note(setup):
     return ", checkpointed activations"
 
 
-def format_memory_report(shape, setup, ranks=None):
+def format_memory_report(shape: ModelShape, setup: TrainingSetup,
+                         ranks: list[RankMemory] | None = None) -> list[str]:
     """One table, per stage its most loaded DP rank, bytes exact except activations."""
     ranks = ranks or predict_memory(shape, setup)
     lines = [f"memory per rank (predicted; {setup.precision}, ZeRO {setup.zero_stage}, "

@@ -5,6 +5,10 @@ clips PP>1 runs harder than the same PP=1 run. For fp32 we clip in an optimizer 
 instead, over the parameters each rank owns (the same ownership rule as the parameter count);
 DeepSpeed's fp16 / bf16 / ZeRO optimizers already skip pipeline-replicated parameters and clip
 themselves."""
+from argparse import Namespace
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -12,7 +16,7 @@ from megatron import mpu
 from megatron.utils import is_owned_parameter, moe_parameter_owner
 
 
-def build_optimizer(model, args):
+def build_optimizer(model: torch.nn.Module, args: Namespace) -> torch.optim.Optimizer:
     """Biases and LayerNorm gains (the 1-D parameters) get no weight decay."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
@@ -23,7 +27,7 @@ def build_optimizer(model, args):
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
         groups = split_params_into_different_moe_groups_for_optimizer(groups)
     if args.optimizer == "sgd":
-        optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.sgd_momentum)
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.sgd_momentum)
     else:
         optimizer = _adam(groups, args)
     if uses_own_clipping(args):
@@ -33,7 +37,7 @@ def build_optimizer(model, args):
     return optimizer
 
 
-def _adam(groups, args):
+def _adam(groups: list[dict[str, Any]], args: Namespace) -> torch.optim.Optimizer:
     kwargs = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
     if torch.cuda.is_available():
         try:
@@ -44,16 +48,17 @@ def _adam(groups, args):
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def uses_own_clipping(args):
+def uses_own_clipping(args: Namespace) -> bool:
     """fp32 without ZeRO: the only case where DeepSpeed clips with an over-counted norm."""
     return not (args.fp16 or args.bf16) and args.zero_stage == 0
 
 
-def global_grad_norm(params, tp_rank, model_parallel_group, owned=None):
+def global_grad_norm(params: Iterable[torch.Tensor], tp_rank: int, model_parallel_group: dist.ProcessGroup | None,
+                     owned: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:
     """L2 norm of the whole model's gradient: each gradient counted once over TP x PP (with
     `owned`, an MoE model's rule, over `model_parallel_group` None = every rank)."""
     if owned is None:
-        def owned(p):
+        def owned(p: torch.Tensor) -> bool:
             return is_owned_parameter(p, tp_rank)
     squares = [p.grad.detach().float().norm() ** 2 for p in params if p.grad is not None and owned(p)]
     total = torch.stack(squares).sum() if squares else torch.zeros(())
@@ -63,10 +68,12 @@ def global_grad_norm(params, tp_rank, model_parallel_group, owned=None):
     return total.sqrt()
 
 
-def install_gradient_clipping(optimizer, max_norm, tp_rank, model_parallel_group, owned=None):
+def install_gradient_clipping(optimizer: torch.optim.Optimizer, max_norm: float, tp_rank: int,
+                              model_parallel_group: dist.ProcessGroup | None,
+                              owned: Callable[[torch.Tensor], bool] | None = None) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
-    def clip(opt, args, kwargs):
+    def clip(opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         norm = global_grad_norm(params, tp_rank, model_parallel_group, owned)
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

@@ -7,22 +7,32 @@ As in the fork, the sums run over what the optimizers of the model-parallel rank
 parameter TP keeps whole, and the tied embedding's two pipeline copies, count on every rank that
 holds one), plus the data-parallel ranks when DeepSpeed partitions the state over them (ZeRO, the
 bf16 optimizer), so each partition counts once. SGD keeps no moments: nothing is written."""
+from __future__ import annotations
+
 import math
+from argparse import Namespace
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:  # annotations only
+    from deepspeed import DeepSpeedEngine
+
+    from megatron.training_state import TrainingProgress
+
 NAMES = ("variance", "variance_sqrt", "momentum", "weight")
 
 
-def _inner_optimizer(optimizer):
+def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside DeepSpeed's wrappers (its state is keyed by the fp32 tensors)."""
     while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
     return optimizer
 
 
-def optimizer_state_norms(engine, mpu):
+def optimizer_state_norms(engine: DeepSpeedEngine, mpu: ModuleType) -> dict[str, float]:
     """{name: value} on every rank (collectives over TP, PP and, if partitioned, DP); {} for SGD."""
     inner = _inner_optimizer(engine.optimizer)
     l2, l1, peak = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), torch.zeros(4)
@@ -54,7 +64,7 @@ def optimizer_state_norms(engine, mpu):
     return out
 
 
-def log_optimizer_states(values, progress, args):
+def log_optimizer_states(values: dict[str, float], progress: TrainingProgress, args: Namespace) -> None:
     from megatron.training_log import _write_group, _writer
     writer = _writer()
     for name, value in values.items():
