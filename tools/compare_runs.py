@@ -14,12 +14,13 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Sequence
 
-from power_law_fit import fit_power_law
-from run_curves import RunError, check_comparable, legend_label, load_run
+from power_law_fit import PowerLawFit, fit_power_law
+from run_curves import Run, RunError, check_comparable, legend_label, load_run
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="the --tensorboard-dir of each run")
     p.add_argument("--output", required=True, help="the picture (.png, .svg or .pdf)")
@@ -42,9 +43,9 @@ def parse_args(argv=None):
     return args
 
 
-def fit_families(runs, args):
+def fit_families(runs: Sequence[Run], args: argparse.Namespace) -> dict[str, PowerLawFit]:
     """{architecture: PowerLawFit} over the selected points of the runs of each architecture."""
-    families = {}
+    families: dict[str, list[Run]] = {}
     for run in runs:
         families.setdefault(run.architecture, []).append(run)
     fits = {}
@@ -65,12 +66,12 @@ def fit_families(runs, args):
     return fits
 
 
-def _xy(run, which, axis):
+def _xy(run: Run, which: str, axis: str) -> tuple[Sequence[float], list[float]]:
     curve = run.train if which == "training" else run.valid
     return getattr(curve, axis), curve.loss
 
 
-def draw(runs, fits, args):
+def draw(runs: Sequence[Run], fits: dict[str, PowerLawFit], args: argparse.Namespace) -> None:
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
@@ -116,13 +117,13 @@ def draw(runs, fits, args):
     plt.close(fig)
 
 
-def _minor_label(value, _):
+def _minor_label(value: float, _: int | None) -> str:
     """2 and 5 x 10^k only: a run spanning less than a decade still gets labels, without crowding."""
     mantissa = value / 10 ** math.floor(math.log10(value))
     return f"{value:g}" if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         import matplotlib  # noqa: F401

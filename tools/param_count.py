@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 
 from megatron import arguments, fork_features
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
@@ -25,7 +26,7 @@ from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     for add in (arguments._add_network_size_args, arguments._add_distributed_args, arguments._add_training_args,
                 arguments._add_data_args, arguments._add_mixed_precision_args, arguments._add_zero_args,
@@ -62,7 +63,7 @@ def parse_args(argv=None):
     return args
 
 
-def _training_setup(args):
+def _training_setup(args: argparse.Namespace) -> TrainingSetup:
     """The memory table's layout, precision, ZeRO stage and batch, checked like the trainer does."""
     mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
     world = args.world_size or mp
@@ -81,7 +82,7 @@ def _training_setup(args):
     return TrainingSetup.from_args(args)
 
 
-def report(args):
+def report(args: argparse.Namespace) -> list[str]:
     shape = args.model_shape
     counts = analytic_parameter_counts(shape)
     lines = [
@@ -102,7 +103,7 @@ def report(args):
     return lines + format_memory_report(shape, args.memory_setup)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     try:
         args = parse_args(argv)
     except ConfigError as e:  # one line naming the flag, as pretrain_gpt.py prints it

@@ -3,6 +3,7 @@ errors from its covariance. Pure numbers in, numbers out: tools/compare_runs.py 
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 
 @dataclass
@@ -17,16 +18,16 @@ class PowerLawFit:
     c_min: float
     c_max: float
 
-    def __call__(self, c):
+    def __call__(self, c: np.ndarray) -> np.ndarray:
         return self.a * np.power(c, -self.alpha) + self.l_inf
 
-    def describe(self):
+    def describe(self) -> str:
         return (f"L(C) = a * C^(-alpha) + L_inf: a = {self.a:.4g} +- {self.a_err:.2g}, "
                 f"alpha = {self.alpha:.4f} +- {self.alpha_err:.4f}, L_inf = {self.l_inf:.4f} +- {self.l_inf_err:.4f} "
                 f"({self.points} points, C from {self.c_min:.4g} to {self.c_max:.4g} gigaflos)")
 
 
-def fit_power_law(c, loss):
+def fit_power_law(c: npt.ArrayLike, loss: npt.ArrayLike) -> PowerLawFit:
     """Three parameters need at least four points for an uncertainty (ValueError otherwise)."""
     from scipy.optimize import curve_fit
     c, loss = np.asarray(c, dtype=float), np.asarray(loss, dtype=float)
@@ -42,7 +43,7 @@ def fit_power_law(c, loss):
     slope, intercept = np.polyfit(np.log(x), np.log(np.maximum(loss - l_inf0, 1e-6)), 1)
     start = (np.exp(intercept), max(-slope, 1e-3), l_inf0)
 
-    def model(x, a, alpha, l_inf):
+    def model(x: np.ndarray, a: float, alpha: float, l_inf: float) -> np.ndarray:
         return a * np.power(x, -alpha) + l_inf
 
     # a loss that falls with compute towards a non-negative floor: a, alpha, L_inf >= 0

@@ -17,25 +17,29 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, index_file_path
+from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path,
+                                           index_file_path)
 from megatron.tokenizer import build_tokenizer
 from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
-def get_args(argv=None):
+def get_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Tokenize a jsonl corpus into Megatron mmap indexed datasets.")
     group = parser.add_argument_group("input data")
     group.add_argument("--input", required=True, help="path to the jsonl input, one JSON object per line")
     group.add_argument("--json-keys", nargs="+", default=["text"], help="keys to extract from each JSON object")
     group.add_argument("--skip-invalid-lines", action="store_true",
-                       help="warn about and skip lines that are not a JSON object with the keys as strings, instead of stopping")
+                       help="warn about and skip lines that are not a JSON object with the keys as strings, "
+                            "instead of stopping")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
-                       help="default: GPT2BPETokenizer when --vocab-file and --merge-file are given, else NullTokenizer")
+                       help="default: GPT2BPETokenizer when --vocab-file and --merge-file are given, "
+                            "else NullTokenizer")
     group.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json")
     group.add_argument("--merge-file", default=None, help="GPT-2 merges.txt")
     group.add_argument("--vocab-size", type=int, default=None, help="vocab size of NullTokenizer")
@@ -66,14 +70,14 @@ def get_args(argv=None):
 class Encoder:
     """Tokenizes one input line; built once per worker process."""
 
-    def __init__(self, args):
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
 
-    def initializer(self):
+    def initializer(self) -> None:
         # The tokenizer is built in each worker rather than pickled to it.
         Encoder.tokenizer = build_tokenizer(self.args)
 
-    def encode(self, numbered_line):
+    def encode(self, numbered_line: tuple[int, bytes]) -> tuple[int, dict[str, np.ndarray] | None, str | None, int]:
         """(line_number, raw line) -> (line_number, {key: token array} or None, error or None, bytes)."""
         line_number, raw = numbered_line
         try:
@@ -82,7 +86,7 @@ class Encoder:
             return line_number, None, f"not valid UTF-8 JSON ({e})", len(raw)
         if not isinstance(doc, dict):
             return line_number, None, "not a JSON object", len(raw)
-        ids = {}
+        ids: dict[str, np.ndarray] = {}
         for key in self.args.json_keys:
             if not isinstance(doc.get(key), str):
                 return line_number, None, f"no string field {key!r}", len(raw)
@@ -94,7 +98,9 @@ class Encoder:
         return line_number, ids, None, len(raw)
 
 
-def encode_lines(args, encoder, lines):
+def encode_lines(
+    args: argparse.Namespace, encoder: Encoder, lines: Iterable[tuple[int, bytes]],
+) -> Iterator[tuple[int, dict[str, np.ndarray] | None, str | None, int]]:
     if args.workers == 1:
         # In-process: a pool would add a process and pickling for nothing.
         encoder.initializer()
@@ -104,21 +110,24 @@ def encode_lines(args, encoder, lines):
         yield from pool.imap(encoder.encode, lines, chunksize=32)
 
 
-def output_prefix(args, key):
+def output_prefix(args: argparse.Namespace, key: str) -> str:
     return f"{args.output_prefix}_{key}_document"
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> dict[str, tuple[int, ...]]:
     args = get_args(argv)
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input} does not exist")
     output_dir = os.path.dirname(os.path.abspath(args.output_prefix))
     if not os.path.isdir(output_dir):
-        raise FileNotFoundError(f"--output-prefix {args.output_prefix}: directory {output_dir} does not exist; create it first")
+        raise FileNotFoundError(
+            f"--output-prefix {args.output_prefix}: directory {output_dir} does not exist; create it first"
+        )
     tokenizer = build_tokenizer(args)
     # ids the tokenizer adds past its vocab size (HFTokenizer's added eos) must fit the dtype too
     dtype = best_fitting_dtype(max(tokenizer.vocab_size, tokenizer.eod + 1))
-    builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(args, key)), dtype=dtype) for key in args.json_keys}
+    builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(args, key)), dtype=dtype)
+                for key in args.json_keys}
     try:
         counts = tokenize_into(args, builders)
     except BaseException:
@@ -130,7 +139,8 @@ def main(argv=None):
     return counts
 
 
-def tokenize_into(args, builders):
+def tokenize_into(args: argparse.Namespace,
+                  builders: dict[str, MMapIndexedDatasetBuilder]) -> dict[str, tuple[int, ...]]:
     """Feed every valid line to the builders; returns {key: (documents, tokens)}."""
     counts = {key: [0, 0] for key in builders}
     start = time.time()
@@ -143,7 +153,9 @@ def tokenize_into(args, builders):
             total_bytes += num_bytes
             if error is not None:
                 if not args.skip_invalid_lines:
-                    raise ValueError(f"--input {args.input} line {line_number}: {error}; fix it or pass --skip-invalid-lines")
+                    raise ValueError(
+                        f"--input {args.input} line {line_number}: {error}; fix it or pass --skip-invalid-lines"
+                    )
                 print(f"warning: --input {args.input} line {line_number}: {error}; skipped", file=sys.stderr)
                 skipped += 1
                 continue
@@ -158,7 +170,9 @@ def tokenize_into(args, builders):
                 report_progress(lines_done, total_bytes, start, input_bytes)
     for key, (documents, _) in counts.items():
         if documents == 0:
-            raise ValueError(f"--input {args.input} has no documents with tokens under key {key!r}; check the file and --json-keys")
+            raise ValueError(
+                f"--input {args.input} has no documents with tokens under key {key!r}; check the file and --json-keys"
+            )
     report_progress(lines_done, total_bytes, start, input_bytes)
     for key, (documents, tokens) in counts.items():
         print(f"{output_prefix(args, key)}: {documents} documents, {tokens} tokens"
@@ -166,17 +180,19 @@ def tokenize_into(args, builders):
     return {key: tuple(c) for key, c in counts.items()}
 
 
-def report_progress(documents, num_bytes, start, input_bytes):
-    """Every --log-interval documents: the rates, the share of the input read and an ETA at the rate so far."""
+def report_progress(documents: int, num_bytes: int, start: float, input_bytes: int) -> None:
+    """Every --log-interval documents: the rates, the share of the input read and an ETA at the rate
+    so far."""
     elapsed = max(time.time() - start, 1e-9)
     done = min(num_bytes / max(input_bytes, 1), 1.0)  # blank lines are not counted: at most a few bytes short
     eta = elapsed * (1 - done) / done if done > 0 else 0.0
-    print(f"Processed {documents} documents ({documents / elapsed:.1f} docs/s, {num_bytes / elapsed / 2**20:.2f} MB/s); "
+    print(f"Processed {documents} documents ({documents / elapsed:.1f} docs/s, "
+          f"{num_bytes / elapsed / 2**20:.2f} MB/s); "
           f"{num_bytes / 2**20:.2f} of {input_bytes / 2**20:.2f} MB ({100 * done:.1f}%), elapsed {_clock(elapsed)}, "
           f"ETA {_clock(eta)}.", file=sys.stderr)
 
 
-def _clock(seconds):
+def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 

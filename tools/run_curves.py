@@ -12,10 +12,17 @@ iteration. The gigaflos here are C = 6 N D / 1e9 from the exact token count D (t
 step) and the exact non-embedding N (active N for MoE), which is what the trainer accumulates;
 each point is checked against the truncated tag, so a run whose accounting differs is refused
 rather than drawn on a wrong axis."""
+from __future__ import annotations
+
 import glob
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: tensorboard is imported when a run is read
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 TEXT_TAG = "model/parameters (exact)/text_summary"  # torch's add_text appends /text_summary
 TRAIN, VALID = "lm-loss-training/lm loss", "lm-loss-validation/lm loss validation"
@@ -29,9 +36,9 @@ class RunError(ValueError):
 @dataclass
 class Curve:
     """Loss points in the order of training; x axes as exact as the event file allows."""
-    tokens: list = field(default_factory=list)    # ints: consumed samples x seq length
-    gigaflos: list = field(default_factory=list)  # floats: 6 N tokens / 1e9
-    loss: list = field(default_factory=list)      # the scalar as stored (float32)
+    tokens: list[int] = field(default_factory=list)      # consumed samples x seq length
+    gigaflos: list[float] = field(default_factory=list)  # 6 N tokens / 1e9
+    loss: list[float] = field(default_factory=list)      # the scalar as stored (float32)
 
 
 @dataclass
@@ -47,15 +54,15 @@ class Run:
     valid: Curve
 
 
-def legend_label(run):
+def legend_label(run: Run) -> str:
     return f"{run.name}: {run.architecture}; N = {run.parameters_no_embedding:,} without embeddings"
 
 
-def event_files(path):
+def event_files(path: str) -> list[str]:
     return sorted(glob.glob(os.path.join(path, "events.out.tfevents.*")))
 
 
-def load_run(path):
+def load_run(path: str) -> Run:
     """Run from the --tensorboard-dir `path` of one training run (RunError on bad input)."""
     if not os.path.isdir(path):
         raise RunError(f"{path}: no such directory; pass the --tensorboard-dir of a training run")
@@ -84,7 +91,7 @@ def load_run(path):
                compute_parameters=counts["compute"], seq_length=seq_lengths.pop(), train=train, valid=valid)
 
 
-def _parse_text_summary(path, events, tags):
+def _parse_text_summary(path: str, events: EventAccumulator, tags: dict[str, Any]) -> dict[str, Any]:
     if TEXT_TAG not in tags["tensors"]:
         raise RunError(f"{path}: no '{TEXT_TAG}' text (the startup report); the run was not written by this trainer")
     text = events.Tensors(TEXT_TAG)[-1].tensor_proto.string_val[0].decode()  # a resumed run wrote it again
@@ -98,7 +105,8 @@ def _parse_text_summary(path, events, tags):
     return {"total": total, "no_embedding": no_embedding, "compute": compute, "architecture": arch.group(1).strip()}
 
 
-def _curve(path, events, tag, compute_parameters):
+def _curve(path: str, events: EventAccumulator, tag: str,
+           compute_parameters: int) -> tuple[set[int | float], Curve]:
     """Each log call writes the tag vs samples, vs tokens and vs gigaflos in turn, so the i-th
     events of the three belong together. A token count logged twice (a resumed run logging again,
     the end-of-training validation) keeps the last point written."""
@@ -121,7 +129,7 @@ def _curve(path, events, tag, compute_parameters):
     return seq_lengths, curve
 
 
-def check_comparable(runs):
+def check_comparable(runs: Sequence[Run]) -> None:
     """Runs drawn on one compute axis must share the sequence length: C = 6 N D leaves out the
     attention's s^2 term, which differs between sequence lengths."""
     lengths = {run.name: run.seq_length for run in runs}

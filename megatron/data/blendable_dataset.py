@@ -19,7 +19,8 @@ class BlendableDataset(torch.utils.data.Dataset):
                  size: int) -> None:
         if len(datasets) != len(weights) or not datasets:
             raise ValueError(
-                f"BlendableDataset needs one weight per dataset, got {len(datasets)} datasets and {len(weights)} weights"
+                f"BlendableDataset needs one weight per dataset, "
+                f"got {len(datasets)} datasets and {len(weights)} weights"
             )
         weights = np.asarray(weights, dtype=np.float64)
         if (weights < 0).any() or weights.sum() <= 0:

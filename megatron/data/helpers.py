@@ -90,8 +90,8 @@ def build_blending_indices(weights: npt.ArrayLike, size: int) -> tuple[np.ndarra
     return dataset[order], sample[order]
 
 
-def build_sample_idx_loop(sizes: Sequence[int] | np.ndarray, doc_idx: Sequence[int] | np.ndarray, seq_length: int, num_epochs: int,
-                          tokens_per_epoch: int) -> np.ndarray:
+def build_sample_idx_loop(sizes: Sequence[int] | np.ndarray, doc_idx: Sequence[int] | np.ndarray, seq_length: int,
+                          num_epochs: int, tokens_per_epoch: int) -> np.ndarray:
     """Megatron's C++ build_sample_idx transcribed line by line: the reference that
     build_sample_idx must equal (tests) and beat (benchmarks/bench_data.py)."""
     sizes, doc_idx = np.asarray(sizes).tolist(), np.asarray(doc_idx).tolist()  # fastest plain-Python form

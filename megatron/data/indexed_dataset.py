@@ -54,7 +54,8 @@ def make_dataset(path: str, impl: str = "mmap", skip_warmup: bool = True) -> MMa
     # "infer" (Megatron's default) can only find mmap here; the header check rejects anything else.
     if impl not in ("mmap", "infer"):
         raise ValueError(
-            f"--data-impl {impl!r} is not supported; only 'mmap' datasets (written by tools/preprocess_data.py) are read"
+            f"--data-impl {impl!r} is not supported; "
+            f"only 'mmap' datasets (written by tools/preprocess_data.py) are read"
         )
     return MMapIndexedDataset(path, skip_warmup)
 
@@ -84,7 +85,8 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
                 header = stream.read(_HEADER_SIZE)
             if len(header) < _HEADER_SIZE or header[: len(_HDR_MAGIC)] != _HDR_MAGIC:
                 raise ValueError(
-                    f"{path} is not an mmap indexed dataset index (bad header); rebuild it with tools/preprocess_data.py"
+                    f"{path} is not an mmap indexed dataset index (bad header); "
+                    f"rebuild it with tools/preprocess_data.py"
                 )
             version, dtype_code, num_sequences, num_docs = struct.unpack("<QBQQ", header[len(_HDR_MAGIC):])
             if version != _VERSION or dtype_code not in DTYPES:
