@@ -16,6 +16,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -26,22 +28,24 @@ from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDataset
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def get_args():
+def get_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=100_000_000, help="size of the synthetic corpus")
     parser.add_argument("--seq-length", type=int, default=2048)
-    parser.add_argument("--reference-tokens", type=int, default=10_000_000, help="slice compared against the Python loop")
-    parser.add_argument("--workdir", default=None, help="where to write the corpus (default: a temporary directory, removed after)")
+    parser.add_argument("--reference-tokens", type=int, default=10_000_000,
+                        help="slice compared against the Python loop")
+    parser.add_argument("--workdir", default=None,
+                        help="where to write the corpus (default: a temporary directory, removed after)")
     return parser.parse_args()
 
 
-def timed(fn, *args):
+def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     start = time.perf_counter()
     result = fn(*args)
     return result, time.perf_counter() - start
 
 
-def write_synthetic_corpus(prefix, num_tokens, rng):
+def write_synthetic_corpus(prefix: str, num_tokens: int, rng: np.random.RandomState) -> int:
     # Lengths around 1000 tokens, like web documents; a few empty ones as real data has.
     lengths = rng.randint(0, 2000, size=num_tokens // 1000 + 1000)
     lengths = lengths[: np.searchsorted(np.cumsum(lengths), num_tokens) + 1]
@@ -58,7 +62,8 @@ def write_synthetic_corpus(prefix, num_tokens, rng):
     return int(lengths.sum())
 
 
-def bench_index(rows, workdir, num_tokens, seq_length, reference_tokens):
+def bench_index(rows: list[tuple[str, int, float, float | None]], workdir: str, num_tokens: int, seq_length: int,
+                reference_tokens: int) -> None:
     prefix = os.path.join(workdir, "synthetic")
     rng = np.random.RandomState(0)
     num_tokens, seconds = timed(write_synthetic_corpus, prefix, num_tokens, rng)
@@ -89,27 +94,30 @@ def bench_index(rows, workdir, num_tokens, seq_length, reference_tokens):
     got, vector_seconds = timed(helpers.build_sample_idx, sizes, slice_doc_idx, slice_seq, 1, slice_tokens)
     assert np.array_equal(expected, got), "vectorised sample_idx differs from the loop reference"
     rows.append((f"sample_idx Python loop (seq {slice_seq})", slice_tokens, loop_seconds, 1.0))
-    rows.append((f"sample_idx vectorised (seq {slice_seq})", slice_tokens, vector_seconds, loop_seconds / vector_seconds))
+    rows.append((f"sample_idx vectorised (seq {slice_seq})", slice_tokens, vector_seconds,
+                 loop_seconds / vector_seconds))
 
 
-def bench_preprocess(rows, workdir):
+def bench_preprocess(rows: list[tuple[str, int, float, float | None]], workdir: str) -> None:
     spec = importlib.util.spec_from_file_location("preprocess_data", os.path.join(ROOT, "tools", "preprocess_data.py"))
     preprocess_data = importlib.util.module_from_spec(spec)
     sys.modules["preprocess_data"] = preprocess_data  # lets the worker pool pickle its Encoder
     spec.loader.exec_module(preprocess_data)
     for workers in (1, 2):
-        argv = ["--input", os.path.join(ROOT, "data", "corpus.jsonl"), "--output-prefix", os.path.join(workdir, f"corpus{workers}"),
-                "--vocab-file", os.path.join(ROOT, "data", "gpt2-vocab.json"), "--merge-file", os.path.join(ROOT, "data", "gpt2-merges.txt"),
+        argv = ["--input", os.path.join(ROOT, "data", "corpus.jsonl"),
+                "--output-prefix", os.path.join(workdir, f"corpus{workers}"),
+                "--vocab-file", os.path.join(ROOT, "data", "gpt2-vocab.json"),
+                "--merge-file", os.path.join(ROOT, "data", "gpt2-merges.txt"),
                 "--append-eod", "--workers", str(workers), "--log-interval", "1000000"]
         with contextlib.redirect_stderr(io.StringIO()):
             counts, seconds = timed(preprocess_data.main, argv)
         rows.append((f"preprocess_data.py --workers {workers}", counts["text"][1], seconds, None))
 
 
-def main():
+def main() -> None:
     args = get_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_data_")
-    rows = []
+    rows: list[tuple[str, int, float, float | None]] = []
     try:
         bench_index(rows, workdir, args.tokens, args.seq_length, args.reference_tokens)
         bench_preprocess(rows, workdir)

@@ -25,7 +25,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cuda")
 import common  # noqa: E402
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser, layers=8, hidden=512, heads=8, seq=1024, micro_batch=16, vocab=50257)
     parser.add_argument("--global-batch", type=int, default=16)

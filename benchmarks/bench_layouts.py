@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 
 import common
 from megatron.launch import logged_iterations, run_deepspeed
@@ -31,7 +32,7 @@ STAGE_TIME = re.compile(r"STAGE_TIME stage=(\d+) tp=(\d+) iteration=(\d+) busy=(
 SPLIT_ROW = re.compile(r"^\s+(\d+) \| (.+?)\s+\| ([0-9.]+%)$", re.M)  # the startup report's split table
 
 
-def corpus(workdir=None):
+def corpus(workdir: str | None = None) -> str:
     """The bundled corpus, preprocessed as the quickstart does (once per benchmark run)."""
     out = tempfile.mkdtemp(prefix="bench_layouts_", dir=workdir)
     subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/corpus.jsonl",
@@ -41,7 +42,7 @@ def corpus(workdir=None):
     return os.path.join(out, "corpus_text_document")
 
 
-def flags_for(a, tp, pp, data, extra):
+def flags_for(a: argparse.Namespace, tp: int, pp: int, data: str, extra: Sequence[str]) -> list[str]:
     return [str(f) for f in [
         "--num-layers", a.layers, "--hidden-size", a.hidden, "--num-attention-heads", a.heads,
         "--seq-length", a.seq, "--max-position-embeddings", a.seq, "--micro-batch-size", a.micro_batch,
@@ -52,7 +53,8 @@ def flags_for(a, tp, pp, data, extra):
         "--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp, *extra]]
 
 
-def launch(tp, pp, extra, a, data):
+def launch(tp: int, pp: int, extra: Sequence[str], a: argparse.Namespace,
+           data: str) -> tuple[float, float, dict[int, tuple[float, float]], str]:
     ranks = tp * pp
     proc = run_deepspeed(ranks, "benchmarks/pretrain_stage_timed.py", flags_for(a, tp, pp, data, extra),
                          threads_per_rank=max(1, a.cores // ranks))
@@ -65,9 +67,9 @@ def launch(tp, pp, extra, a, data):
     return samples_per_second, gflops_per_rank, _stage_shares(proc.stdout, a.skip), _split(proc.stdout)
 
 
-def _stage_shares(output, skip):
+def _stage_shares(output: str, skip: int) -> dict[int, tuple[float, float]]:
     """{stage: (busy s, waiting s) per iteration} on TP rank 0, over the iterations after `skip`."""
-    at = {}
+    at: dict[tuple[int, int], tuple[float, float]] = {}
     for m in STAGE_TIME.finditer(output):
         stage, tp, iteration = map(int, m.group(1, 2, 3))
         if tp == 0:
@@ -82,11 +84,11 @@ def _stage_shares(output, skip):
     return shares
 
 
-def _split(output):
+def _split(output: str) -> str:
     return "; ".join(f"{holds}" for _, holds, _ in SPLIT_ROW.findall(output)) or "-"
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser, layers=4, hidden=128, heads=4, seq=256, micro_batch=2, vocab=8192)
     parser.add_argument("--global-batch", type=int, default=8)

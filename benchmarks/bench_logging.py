@@ -18,6 +18,7 @@ import contextlib
 import gc
 import io
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -25,18 +26,18 @@ import torch.distributed as dist
 import common
 
 
-def walk(model):
+def walk(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
 
 
-def naive_parameter_count(model):
+def naive_parameter_count(model: torch.nn.Module) -> int:
     from megatron import mpu
     count = torch.tensor([walk(model)])
     dist.all_reduce(count, group=mpu.get_model_parallel_group())
     return count.item()
 
 
-def per_call_seconds(fn, calls):
+def per_call_seconds(fn: Callable[[], object], calls: int) -> float:
     with contextlib.redirect_stdout(io.StringIO()):
         start = time.perf_counter()
         for _ in range(calls):
@@ -44,7 +45,8 @@ def per_call_seconds(fn, calls):
         return (time.perf_counter() - start) / calls
 
 
-def measure(layers, hidden, a):
+def measure(layers: int, hidden: int,
+            a: argparse.Namespace) -> tuple[str, str, int, str, str, str, str, str, str]:
     """One table row: a trainer of this size, its iteration time, and both logging paths."""
     from megatron.engine import current_loss_scale
     from megatron.training_log import IntervalStats, training_log
@@ -63,18 +65,18 @@ def measure(layers, hidden, a):
     iteration = (time.perf_counter() - start) / a.steps
     progress = trainer.progress
 
-    def ours():  # what the training loop does at a log step
+    def ours() -> None:  # what the training loop does at a log step
         stats = IntervalStats()
         stats.add(loss, gbs, True)
         training_log(stats, iteration, scheduler.get_lr(), engine.get_global_grad_norm(), current_loss_scale(engine),
                      gbs, progress, args)
 
-    def naive():
+    def naive() -> None:
         naive_parameter_count(engine.module)
         ours()
 
     runs = {"ours": ours, "naive": naive, "walk": lambda: walk(engine.module)}
-    times = {name: [] for name in runs}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(a.reps):
         for name, fn in runs.items():
             times[name].append(per_call_seconds(fn, a.calls))
@@ -84,7 +86,7 @@ def measure(layers, hidden, a):
             f"{ours_s / iteration:.1e}", f"{naive_s / iteration:.1e}")
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4x256,4x512,4x1024,16x512", help="LAYERSxHIDDEN, comma separated")
     parser.add_argument("--heads", type=int, default=8)
@@ -101,7 +103,8 @@ def main():
     for size in a.sizes.split(","):
         rows.append(measure(*(int(v) for v in size.split("x")), a))
         gc.collect()  # drop this size's model and engine before building the next
-    print(f"seq {a.seq}, micro batch {a.micro_batch}, vocab {a.vocab}, {a.threads} torch thread(s), gloo world size 1; "
+    print(f"seq {a.seq}, micro batch {a.micro_batch}, vocab {a.vocab}, {a.threads} torch thread(s), "
+          f"gloo world size 1; "
           f"median of {a.reps} interleaved rounds x {a.calls} calls")
     print(common.table(["model", "parameters", "parameter tensors", "iteration s", "ours us / log",
                         "naive us / log", "of which the walk, us", "ours / iteration", "naive / iteration"], rows))

@@ -16,7 +16,7 @@ import torch
 import common
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser)
     common.add_threads_arg(parser)
@@ -34,7 +34,7 @@ def main():
     for runner in runs.values():
         runner.step()  # warm-up
 
-    def measure_round():
+    def measure_round() -> dict[str, float]:
         values = {"gemm": common.gemm_flops(a.gemm_size)}
         for name, runner in runs.items():
             start = time.perf_counter()

@@ -16,7 +16,7 @@ import torch
 import common
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser)
     common.add_threads_arg(parser)

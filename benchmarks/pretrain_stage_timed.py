@@ -10,21 +10,24 @@ import collections
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from deepspeed.runtime.pipe import schedule  # noqa: E402
+import torch  # noqa: E402
 from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 
 import pretrain_gpt  # noqa: E402
 
 WAITING = (schedule.SendActivation, schedule.RecvActivation, schedule.SendGrad, schedule.RecvGrad,
            schedule.ReduceTiedGrads, schedule.ReduceGrads)
-totals = collections.defaultdict(float)
+totals: collections.defaultdict[str, float] = collections.defaultdict(float)
 
 
-def _timed(kind, fn):
-    def run(*args, **kwargs):
+def _timed(kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -38,7 +41,7 @@ for instruction, fn in list(PipelineEngine._INSTRUCTION_MAP.items()):
 _train_batch = PipelineEngine.train_batch
 
 
-def train_batch(self, *args, **kwargs):
+def train_batch(self: PipelineEngine, *args: Any, **kwargs: Any) -> torch.Tensor:
     loss = _train_batch(self, *args, **kwargs)
     totals["iteration"] += 1
     print(f"STAGE_TIME stage={self.stage_id} tp={self.grid.get_slice_parallel_rank()} "

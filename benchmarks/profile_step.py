@@ -9,10 +9,14 @@
 
 Usage: python benchmarks/profile_step.py [--steps 4] [--threads 1] [model flags]
 """
+from __future__ import annotations  # the annotations name common's classes, which are not evaluated
+
 import argparse
 import collections
 import re
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +24,9 @@ from deepspeed.runtime.pipe.engine import PipelineEngine
 from torch.profiler import ProfilerActivity, profile
 
 import common
+
+if TYPE_CHECKING:  # annotations only
+    from torch.autograd.profiler_util import FunctionEvent
 
 OURS = re.compile(r"(megatron/|pretrain_gpt\.py|deepspeed/)")
 # ours multiplies without bias where plain uses addmm (and vice versa): one GEMM bucket
@@ -30,7 +37,8 @@ class PhaseTimer:
     """Wraps the pipeline engine's instructions, and our clipping hook inside OptimizerStep, with
     timers; step() returns {phase: seconds} of one training step."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer: common.Trainer) -> None:
+        self.spent: collections.defaultdict[str, float]
         self.trainer, self.spent = trainer, collections.defaultdict(float)
         for instruction, fn in list(PipelineEngine._INSTRUCTION_MAP.items()):
             PipelineEngine._INSTRUCTION_MAP[instruction] = self._timed(instruction.__name__, fn)
@@ -38,8 +46,8 @@ class PhaseTimer:
         key = next(iter(hooks))  # ours: installed before DeepSpeed saw the optimizer
         hooks[key] = self._timed("  of which: clipping", hooks[key])
 
-    def _timed(self, name, fn):
-        def run(*args, **kwargs):
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -47,7 +55,7 @@ class PhaseTimer:
                 self.spent[name] += time.perf_counter() - start
         return run
 
-    def step(self):
+    def step(self) -> dict[str, float]:
         self.spent.clear()
         start = time.perf_counter()
         self.trainer.step()
@@ -55,7 +63,7 @@ class PhaseTimer:
         return dict(self.spent)
 
 
-def plain_phases(plain):
+def plain_phases(plain: common.PlainTrainer) -> dict[str, float]:
     model, optimizer = plain.model, plain.optimizer
     t0 = time.perf_counter()
     loss = model(plain.tokens, plain.labels)
@@ -71,16 +79,16 @@ def plain_phases(plain):
             "  of which: clipping": t3 - t2, "step total": t4 - t0}
 
 
-def alternate(steps, fns):
+def alternate(steps: int, fns: Mapping[str, Callable[[], Any]]) -> dict[str, list[Any]]:
     """Call each fn once per step, in turn; {name: [result per step]}."""
-    results = collections.defaultdict(list)
+    results: collections.defaultdict[str, list[Any]] = collections.defaultdict(list)
     for _ in range(steps):
         for name, fn in fns.items():
             results[name].append(fn())
     return results
 
 
-def site(event):
+def site(event: FunctionEvent) -> str:
     """Who issued this aten op: the autograd node (backward) or the innermost function of ours or
     DeepSpeed on the Python stack (forward, optimizer)."""
     parent = event.cpu_parent
@@ -93,10 +101,14 @@ def site(event):
     return "other"
 
 
-def op_profile(runner):
+def op_profile(
+    runner: common.Trainer | common.PlainTrainer,
+) -> tuple[collections.Counter[str], collections.defaultdict[str, collections.Counter[str]]]:
     """One profiled step: {aten op: ms (self time)}, {aten op: {site: ms}}."""
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         runner.step()
+    totals: collections.Counter[str]
+    sites: collections.defaultdict[str, collections.Counter[str]]
     totals, sites = collections.Counter(), collections.defaultdict(collections.Counter)
     for event in prof.events():
         if event.name.startswith("aten::"):
@@ -106,8 +118,12 @@ def op_profile(runner):
     return totals, sites
 
 
-def mean_profile(profiles):
+def mean_profile(
+    profiles: Sequence[tuple[Mapping[str, float], Mapping[str, Mapping[str, float]]]],
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Mean over steps of op_profile results."""
+    totals: collections.Counter[str]
+    sites: collections.defaultdict[str, collections.Counter[str]]
     totals, sites = collections.Counter(), collections.defaultdict(collections.Counter)
     for step_totals, step_sites in profiles:
         totals.update(step_totals)
@@ -118,10 +134,10 @@ def mean_profile(profiles):
     return {op: ms / n for op, ms in totals.items()}, per_site
 
 
-def ab(current, alternative, reps=9):
+def ab(current: Callable[[], object], alternative: Callable[[], object], reps: int = 9) -> tuple[float, float]:
     """Median ms of two callables, alternated."""
     current(), alternative()
-    times = ([], [])
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
         for fn, out in zip((current, alternative), times):
             start = time.perf_counter()
@@ -130,7 +146,7 @@ def ab(current, alternative, reps=9):
     return 1000 * common.median(times[0]), 1000 * common.median(times[1])
 
 
-def suspects(trainer, a):
+def suspects(trainer: common.Trainer, a: argparse.Namespace) -> list[tuple[str, int, float, float]]:
     """Each overhead found by the profile, timed alone against what a plain loop does instead;
     (what, occurrences per step, current ms, alternative ms)."""
     from megatron import mpu
@@ -151,7 +167,7 @@ def suspects(trainer, a):
     labels = torch.randint(0, vocab, (a.micro_batch, a.seq))
     mask = torch.ones(a.micro_batch, a.seq)
 
-    def torch_loss():
+    def torch_loss() -> torch.Tensor:
         losses = F.cross_entropy(logits.flatten(0, 1), labels.t().flatten(), reduction="none")
         return (losses * mask.t().flatten()).sum() / mask.sum()
     rows.append(("lm_loss: vocab-parallel cross entropy fwd+bwd (megatron/mpu/cross_entropy.py) vs "
@@ -173,7 +189,7 @@ def suspects(trainer, a):
     return rows
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser)
     common.add_threads_arg(parser)
