@@ -12,8 +12,6 @@ iteration. The gigaflos here are C = 6 N D / 1e9 from the exact token count D (t
 step) and the exact non-embedding N (active N for MoE), which is what the trainer accumulates;
 each point is checked against the truncated tag, so a run whose accounting differs is refused
 rather than drawn on a wrong axis."""
-from __future__ import annotations
-
 import glob
 import os
 import re
@@ -91,7 +89,7 @@ def load_run(path: str) -> Run:
                compute_parameters=counts["compute"], seq_length=seq_lengths.pop(), train=train, valid=valid)
 
 
-def _parse_text_summary(path: str, events: EventAccumulator, tags: dict[str, Any]) -> dict[str, Any]:
+def _parse_text_summary(path: str, events: "EventAccumulator", tags: dict[str, Any]) -> dict[str, Any]:
     if TEXT_TAG not in tags["tensors"]:
         raise RunError(f"{path}: no '{TEXT_TAG}' text (the startup report); the run was not written by this trainer")
     text = events.Tensors(TEXT_TAG)[-1].tensor_proto.string_val[0].decode()  # a resumed run wrote it again
@@ -105,7 +103,7 @@ def _parse_text_summary(path: str, events: EventAccumulator, tags: dict[str, Any
     return {"total": total, "no_embedding": no_embedding, "compute": compute, "architecture": arch.group(1).strip()}
 
 
-def _curve(path: str, events: EventAccumulator, tag: str,
+def _curve(path: str, events: "EventAccumulator", tag: str,
            compute_parameters: int) -> tuple[set[int | float], Curve]:
     """Each log call writes the tag vs samples, vs tokens and vs gigaflos in turn, so the i-th
     events of the three belong together. A token count logged twice (a resumed run logging again,
