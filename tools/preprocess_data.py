@@ -181,8 +181,7 @@ def tokenize_into(args: argparse.Namespace,
 
 
 def report_progress(documents: int, num_bytes: int, start: float, input_bytes: int) -> None:
-    """Every --log-interval documents: the rates, the share of the input read and an ETA at the rate
-    so far."""
+    """Every --log-interval documents: the rates, the share of the input read and an ETA at the rate so far."""
     elapsed = max(time.time() - start, 1e-9)
     done = min(num_bytes / max(input_bytes, 1), 1.0)  # blank lines are not counted: at most a few bytes short
     eta = elapsed * (1 - done) / done if done > 0 else 0.0
