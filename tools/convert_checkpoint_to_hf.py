@@ -17,8 +17,18 @@ Needs the `hf` extra: pip install -e ".[hf]".
 import argparse
 import json
 import os
+from typing import TYPE_CHECKING, Any
 
 from megatron.model.shape import ConfigError, gpt2_variant
+
+if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
+    import torch
+
+    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.model.analytic import ParamSpec
+    from megatron.model.shape import ModelShape
+    Weights = dict[tuple[int, str], torch.Tensor]
+    Export = tuple[str, dict[str, Any], dict[str, torch.Tensor]]
 
 def _variant_differences(checkpoint, expected):
     """{field: saved value} where the checkpoint's architecture variant differs from `expected`."""
@@ -39,7 +49,7 @@ class Concat(str):
     """An HF module name that takes a fused entry's parts concatenated in order ([q | k | v])."""
 
 
-def _place(spec, shape):
+def _place(spec: "ParamSpec", shape: "ModelShape") -> tuple[str, str, str]:
     """(where, module, suffix) of a table entry."""
     module, _, suffix = spec.key.rpartition(".")
     L = shape.num_layers
@@ -48,7 +58,8 @@ def _place(spec, shape):
     return where, module, suffix
 
 
-def _hf_state_dict(checkpoint, weights, names, architecture, transpose_linear=False):
+def _hf_state_dict(checkpoint: "Checkpoint", weights: "Weights", names: dict[tuple[str, str], Any],
+                   architecture: str, transpose_linear: bool = False) -> dict[str, "torch.Tensor"]:
     """{HF name: tensor} for every entry of the checkpoint's parameter table, by `names`; an entry
     `names` has no place for fails naming it. transpose_linear: HF holds the layers' matrices as
     [in, out] (GPT-2's Conv1D), ours are [out, in]."""
@@ -101,7 +112,7 @@ GPT2_NAMES = {("embedding", "word_embeddings"): "transformer.wte",
               ("final_norm", ""): "transformer.ln_f", ("output", ""): "lm_head"}
 
 
-def _gpt2_build(checkpoint, weights):
+def _gpt2_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     """GPT2LMHeadModel. HF's c_attn is a Conv1D (weight [in, out]) whose output columns are
     [q | k | v]; our Linear weights are [out, in]: every projection is transposed. GeLU is the
     exact erf form ("gelu"), LayerNorms come before attention and MLP (pre-LN), as in GPT-2."""
@@ -142,7 +153,7 @@ LLAMA_NAMES = {("embedding", "word_embeddings"): "model.embed_tokens",
                ("final_norm", ""): "model.norm", ("output", ""): "lm_head"}
 
 
-def _llama_build(checkpoint, weights):
+def _llama_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     """LlamaForCausalLM. Rotary is the "rotate half" form over the full head dim, as HF's."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L, a, g, d = shape.num_layers, shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
@@ -181,7 +192,7 @@ NEOX_NAMES = {("embedding", "word_embeddings"): "gpt_neox.embed_in",
               ("final_norm", ""): "gpt_neox.final_layer_norm", ("output", ""): "lm_head"}
 
 
-def _neox_build(checkpoint, weights):
+def _neox_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     """GPTNeoXForCausalLM (sequential residuals)."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L = shape.num_layers
@@ -219,7 +230,7 @@ BLOOM_NAMES = {("embedding", "word_embeddings"): "transformer.word_embeddings",
                ("final_norm", ""): "transformer.ln_f", ("output", ""): "lm_head"}
 
 
-def _bloom_build(checkpoint, weights):
+def _bloom_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     """BloomForCausalLM. Its ALiBi adds slope x key position, ours slope x (key - query
     position): the same softmax. Its GeLU is the tanh approximation (Megatron's fused bias-GeLU),
     ours the exact erf form: logits differ by the gap between the two, a few 1e-5 for a small
