@@ -25,7 +25,7 @@ import zipfile
 
 import torch
 
-from megatron.model.analytic import parameter_table, stage_of_layer
+from megatron.model.analytic import ParamSpec, parameter_table, stage_of_layer, table_entry
 from megatron.model.shape import ConfigError, ModelShape
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -72,30 +72,28 @@ def saved_precision(ds_config):
     return next((p for p in ("bf16", "fp16") if (ds_config.get(p) or {}).get("enabled")), "fp32")
 
 
-def table_key(name, shape, pipeline):
-    """(layer, key) in the parameter table for a parameter name of GPTModelPipe (pipeline=True)
-    or GPTModel. The pipe's tied "embed" module is the embedding, layer 0, on every stage."""
-    L = shape.num_layers
-    if pipeline:
-        patterns = ((r"tied_modules\.embed\.(.+)", lambda m: 0), (r"(\d+)\.(.+)", lambda m: int(m.group(1))))
-    else:
-        patterns = ((r"language_model\.embedding\.(.+)", lambda m: 0),
-                    (r"language_model\.encoder\.layers\.(\d+)\.(.+)", lambda m: int(m.group(1)) + 1),
-                    (r"language_model\.encoder\.final_layernorm\.(.+)", lambda m: L + 1),
-                    (r"language_model\.output_layer\.(.+)", lambda m: L + 2))  # untied
-    for pattern, layer in patterns:
-        match = re.fullmatch(pattern, name)
-        if match:
-            return layer(match), match.groups()[-1]
-    raise ConfigError(f"parameter {name} has no place in the parameter table (megatron/model/analytic.py)")
+def table_key(name: str, shape: ModelShape, pipeline: bool) -> tuple[int, str]:
+    """(layer, key) of the table entry a GPTModelPipe (pipeline=True) or GPTModel parameter name
+    describes (the names are the table's own: analytic.module_name; the pipe's tied "embed"
+    module is the embedding, layer 0, on every stage). A name without an entry is refused."""
+    spec = table_entry(name, shape, pipeline)
+    if spec is None:
+        raise ConfigError(f"parameter {name} has no entry in the parameter table (megatron/model/analytic.py) of "
+                          f"the model {shape.describe()}; it cannot be resharded or exported")
+    return spec.layer, spec.key
 
 
-def tp_cut(full, spec, tp, tp_rank):
-    """TP rank `tp_rank`'s slice of a full tensor. Fused QKV rows are grouped per head
-    [q_i, k_i, v_i], so contiguous row blocks are whole heads, as ColumnParallelLinear holds them."""
-    if spec.partition_dim is None:
+def tp_cut(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.Tensor:
+    """TP rank `tp_rank`'s slice of a full tensor by its entry's split rule: the rank's contiguous
+    chunk of the split dim (whole kv groups of a fused QKV, whole gate / value pairs of a GLU, as
+    ColumnParallelLinear holds them); the whole tensor when replicated."""
+    dim = spec.partition_dim
+    if dim is None:
         return full
-    return full.chunk(tp, dim=spec.partition_dim)[tp_rank]
+    if full.shape[dim] % (tp * spec.block):  # the shape's validation refuses such a TP size first
+        raise ConfigError(f"layer {spec.layer} {spec.key}: {full.shape[dim]} rows do not split into TP={tp} slices "
+                          f"of whole {spec.fused or spec.split} blocks of {spec.block} rows")
+    return full.chunk(tp, dim=dim)[tp_rank]
 
 
 def saved_split(layout):
@@ -248,7 +246,9 @@ class Checkpoint:
                 full[(layer, key)] = self._merge(parts[key], spec, f"layer {layer} {key}")
         return full
 
-    def _merge(self, parts, spec, what):
+    def _merge(self, parts: list[torch.Tensor], spec: ParamSpec, what: str) -> torch.Tensor:
+        """The full tensor from the TP ranks' slices, by the entry's split rule (the inverse of
+        tp_cut): replicated -> TP rank 0's copy, split -> the slices concatenated in rank order."""
         tensor = parts[0] if spec.partition_dim is None else torch.cat(parts, dim=spec.partition_dim)
         if tuple(tensor.shape) != tuple(spec.shape):
             raise ConfigError(f"{self.step_dir}: {what} merges to {tuple(tensor.shape)}, the saved shape says "

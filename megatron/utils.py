@@ -56,19 +56,16 @@ def match_parameters_to_table(model, shape):
     the entry's full shape). A parameter the table does not list, or whose shape differs from its
     entry's, stops the run (ConfigError) naming both."""
     from deepspeed.pipe import PipelineModule
-    from megatron.checkpoint_reshard import table_key
-    from megatron.model.analytic import parameter_table
+    from megatron.model.analytic import table_entry
     from megatron.model.shape import ConfigError
 
-    table = {(spec.layer, spec.key): spec for spec in parameter_table(shape)}
     pipeline = isinstance(model, PipelineModule)
     tp = shape.tensor_model_parallel_size
     first_expert = _expert_parallel_first_experts(model)
     moe_loss_index = shape.num_layers + 1 if pipeline and getattr(model, "moe_loss", None) is not None else None
     entries = {}
     for name, p in model.named_parameters():
-        key = table_key(_table_entry_name(name, first_expert.get(id(p), 0), moe_loss_index), shape, pipeline)
-        spec = table.get(key)
+        spec = table_entry(_table_entry_name(name, first_expert.get(id(p), 0), moe_loss_index), shape, pipeline)
         built = tuple(getattr(p, "ds_shape", None) or p.shape)
         if spec is None:
             raise ConfigError(f"the built model holds {name} {built} that the parameter table "

@@ -154,6 +154,32 @@ def test_merged_tensors_are_the_saved_slices(original):
                 assert torch.equal(shard, tensor.narrow(spec.partition_dim, tp_rank * n, n))
 
 
+def test_reshard_refuses_a_parameter_the_table_lacks(original, tmp_path):
+    """A saved parameter the parameter table has no entry for (in a layer file, or among the
+    optimizer's parameter names) is refused in one line naming it, before anything is merged."""
+    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.model.shape import ConfigError
+    broken = checkpoint_at(original["ckpt"], 2, str(tmp_path / "extra"))
+    layer_file = os.path.join(broken, "global_step2", "layer_01-model_00-model_states.pt")
+    weights = torch.load(layer_file, weights_only=True)
+    torch.save({**weights, "self_attention.scale": torch.ones(4)}, layer_file)
+    with pytest.raises(ConfigError) as error:
+        Checkpoint(broken).read_weights()
+    assert str(error.value) == (f"{layer_file}: parameters self_attention.scale of layer 1 are not in the "
+                                f"parameter table of the saved shape")
+    mp_file = os.path.join(broken, "global_step2", "mp_rank_00_model_states.pt")
+    state = torch.load(mp_file, weights_only=False)
+    assert state["optimizer_param_names"][0][0] == "tied_modules.embed.word_embeddings.weight"
+    state["optimizer_param_names"][0][0] = "1.self_attention.scale"
+    torch.save(state, mp_file)
+    with pytest.raises(ConfigError) as error:
+        Checkpoint(broken).read_optimizer()
+    line = str(error.value)
+    assert line.startswith("parameter 1.self_attention.scale has no entry in the parameter table "
+                           "(megatron/model/analytic.py) of the model ") and "\n" not in line
+    assert digest(original["ckpt"]) == original["digest"]
+
+
 def test_convert_tp2_pp2_to_transformers(original):
     pytest.importorskip("transformers")  # the `hf` extra (installed by the `test` extra)
     from transformers import AutoModelForCausalLM, AutoTokenizer

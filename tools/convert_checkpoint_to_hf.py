@@ -5,22 +5,90 @@ AutoModelForCausalLM.from_pretrained(HF_DIR) and AutoTokenizer.from_pretrained(H
     python tools/convert_checkpoint_to_hf.py --load DIR --output HF_DIR [--iteration N]
 
 The TP slices and pipeline stages are merged by megatron/checkpoint_reshard.py (the same reader
-that resumes a checkpoint at another layout). Each architecture is one entry of ARCHITECTURES:
+that resumes a checkpoint at another layout) by the split rules of the parameter table
+(megatron/model/analytic.py). Each architecture is one entry of ARCHITECTURES:
 `matches(checkpoint)` says whether it applies, `build(checkpoint, weights)` returns the
-`transformers` class name, its config kwargs and its state dict. A checkpoint none of them
-matches, or with a parameter an architecture does not map, fails naming what does not map.
+`transformers` class name, its config kwargs and its state dict, walking the table's entries
+through its names (GPT2_NAMES, ...: table entry -> transformers name, fused QKV / GLU entries cut
+into their parts by the table's `fused_parts`). A checkpoint none of them matches, or with a table
+entry an architecture does not map, fails naming what does not map.
 Needs the `hf` extra: pip install -e ".[hf]".
 """
 import argparse
 import json
 import os
+from typing import TYPE_CHECKING, Any
 
 from megatron.model.shape import ConfigError, gpt2_variant
+
+if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
+    import torch
+
+    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.model.analytic import ParamSpec
+    from megatron.model.shape import ModelShape
+    Weights = dict[tuple[int, str], torch.Tensor]
+    Export = tuple[str, dict[str, Any], dict[str, torch.Tensor]]
 
 def _variant_differences(checkpoint, expected):
     """{field: saved value} where the checkpoint's architecture variant differs from `expected`."""
     saved = checkpoint.shape.variant()
     return {k: v for k, v in saved.items() if expected.get(k) != v}
+
+
+# --- our parameter-table entries -> transformers names ------------------------------------------
+# An architecture's names are keyed by table entry: (where, module) of each entry of
+# megatron/model/analytic.py's table -- where: "embedding", "layer" (any transformer layer, {i}
+# in the HF name is its 0-based index), "final_norm" or "output"; module: the entry's key without
+# its .weight / .bias. The value is the HF module (the entry's suffix is appended), or for an
+# entry that fuses projections (the table's `fused`) a dict part -> HF module (one tensor per
+# part, analytic.fused_parts), or Concat(module): the parts concatenated in order. A tied model's
+# output head is HF's copy of the word embedding.
+
+class Concat(str):
+    """An HF module name that takes a fused entry's parts concatenated in order ([q | k | v])."""
+
+
+def _place(spec: "ParamSpec", shape: "ModelShape") -> tuple[str, str, str]:
+    """(where, module, suffix) of a table entry."""
+    module, _, suffix = spec.key.rpartition(".")
+    L = shape.num_layers
+    where = ("embedding" if spec.layer == 0 else "layer" if spec.layer <= L
+             else "final_norm" if spec.layer == L + 1 else "output")
+    return where, module, suffix
+
+
+def _hf_state_dict(checkpoint: "Checkpoint", weights: "Weights", names: dict[tuple[str, str], Any],
+                   architecture: str, transpose_linear: bool = False) -> dict[str, "torch.Tensor"]:
+    """{HF name: tensor} for every entry of the checkpoint's parameter table, by `names`; an entry
+    `names` has no place for fails naming it. transpose_linear: HF holds the layers' matrices as
+    [in, out] (GPT-2's Conv1D), ours are [out, in]."""
+    import torch
+
+    from megatron.model.analytic import fused_parts, parameter_table
+    shape, sd, left = checkpoint.shape, {}, []
+    for spec in parameter_table(shape):
+        where, module, suffix = _place(spec, shape)
+        target = names.get((where, module))
+        if target is None or (isinstance(target, dict) and spec.fused is None):
+            left.append((spec.layer, spec.key))
+            continue
+        index = {"i": spec.layer - 1} if where == "layer" else {}
+        tensor = weights[(spec.layer, spec.key)]
+        parts = fused_parts(spec, shape, tensor)
+        if isinstance(target, dict):
+            pieces = {target[part].format(**index): t for part, t in parts.items()}
+        elif isinstance(target, Concat):
+            pieces = {target.format(**index): torch.cat(list(parts.values()))}
+        else:
+            pieces = {target.format(**index): tensor}
+        for hf, t in pieces.items():
+            sd[f"{hf}.{suffix}"] = t.t() if transpose_linear and where == "layer" and t.dim() == 2 else t
+    if left:
+        raise ConfigError(f"{architecture} has no place for parameters {', '.join(f'layer {l} {k}' for l, k in left)}")
+    if shape.tied:  # the output layer is the word embedding
+        sd[names["output", ""] + ".weight"] = sd[names["embedding", "word_embeddings"] + ".weight"]
+    return {k: v.contiguous() for k, v in sd.items()}
 
 
 def _gpt2_variant(checkpoint):
@@ -32,40 +100,25 @@ def _gpt2_matches(checkpoint):
     return not _variant_differences(checkpoint, _gpt2_variant(checkpoint))
 
 
-def _gpt2_build(checkpoint, weights):
-    """GPT2LMHeadModel. Our fused QKV rows are grouped per head [q_i, k_i, v_i] (transformer.py);
-    HF's c_attn is a Conv1D (weight [in, out]) whose output columns are [q | k | v]. Our Linear
-    weights are [out, in]: every projection is transposed. GeLU is the exact erf form ("gelu"),
-    LayerNorms come before attention and MLP (pre-LN), as in GPT-2."""
+# HF's c_attn output columns are [q | k | v]: our per-head fused QKV's parts, concatenated
+GPT2_NAMES = {("embedding", "word_embeddings"): "transformer.wte",
+              ("embedding", "position_embeddings"): "transformer.wpe",
+              ("layer", "input_layernorm"): "transformer.h.{i}.ln_1",
+              ("layer", "self_attention.query_key_value"): Concat("transformer.h.{i}.attn.c_attn"),
+              ("layer", "self_attention.dense"): "transformer.h.{i}.attn.c_proj",
+              ("layer", "post_attention_layernorm"): "transformer.h.{i}.ln_2",
+              ("layer", "mlp.dense_h_to_4h"): "transformer.h.{i}.mlp.c_fc",
+              ("layer", "mlp.dense_4h_to_h"): "transformer.h.{i}.mlp.c_proj",
+              ("final_norm", ""): "transformer.ln_f", ("output", ""): "lm_head"}
+
+
+def _gpt2_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
+    """GPT2LMHeadModel. HF's c_attn is a Conv1D (weight [in, out]) whose output columns are
+    [q | k | v]; our Linear weights are [out, in]: every projection is transposed. GeLU is the
+    exact erf form ("gelu"), LayerNorms come before attention and MLP (pre-LN), as in GPT-2."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L, h, heads = shape.num_layers, shape.hidden_size, shape.num_attention_heads
-    d = shape.head_dim
-    taken = set()
-
-    def w(layer, key):
-        taken.add((layer, key))
-        return weights[(layer, key)]
-
-    def qkv_columns(t):  # [3h(, h)] per-head interleaved -> [q | k | v]
-        return t.view(heads, 3, d, *t.shape[1:]).transpose(0, 1).reshape(3 * h, *t.shape[1:])
-
-    sd = {"transformer.wte.weight": w(0, "word_embeddings.weight"),
-          "transformer.wpe.weight": w(0, "position_embeddings.weight")}
-    for i in range(L):
-        layer, pre = i + 1, f"transformer.h.{i}."
-        for ours, theirs in (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
-            sd[pre + theirs + ".weight"] = w(layer, ours + ".weight")
-            sd[pre + theirs + ".bias"] = w(layer, ours + ".bias")
-        sd[pre + "attn.c_attn.weight"] = qkv_columns(w(layer, "self_attention.query_key_value.weight")).t()
-        sd[pre + "attn.c_attn.bias"] = qkv_columns(w(layer, "self_attention.query_key_value.bias"))
-        for ours, theirs in (("self_attention.dense", "attn.c_proj"), ("mlp.dense_h_to_4h", "mlp.c_fc"),
-                             ("mlp.dense_4h_to_h", "mlp.c_proj")):
-            sd[pre + theirs + ".weight"] = w(layer, ours + ".weight").t()
-            sd[pre + theirs + ".bias"] = w(layer, ours + ".bias")
-    sd["transformer.ln_f.weight"] = w(L + 1, "weight")
-    sd["transformer.ln_f.bias"] = w(L + 1, "bias")
-    sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied: the output layer is the word embedding
-    _check_all_mapped(weights, taken, "GPT2LMHeadModel")
+    sd = _hf_state_dict(checkpoint, weights, GPT2_NAMES, "GPT2LMHeadModel", transpose_linear=True)
     eod = info.get("eod_id")
     config = dict(vocab_size=shape.padded_vocab_size, n_positions=shape.max_position_embeddings, n_embd=h,
                   n_layer=L, n_head=heads, n_inner=shape.ffn_hidden_size, activation_function="gelu",
@@ -73,13 +126,7 @@ def _gpt2_build(checkpoint, weights):
                   resid_pdrop=info.get("hidden_dropout", 0.1), embd_pdrop=info.get("hidden_dropout", 0.1),
                   attn_pdrop=info.get("attention_dropout", 0.1), initializer_range=info.get("init_method_std", 0.02),
                   bos_token_id=eod, eos_token_id=eod, tie_word_embeddings=True)
-    return "GPT2LMHeadModel", config, {k: v.contiguous() for k, v in sd.items()}
-
-
-def _check_all_mapped(weights, taken, architecture):
-    left = sorted(set(weights) - taken)
-    if left:
-        raise ConfigError(f"{architecture} has no place for parameters {', '.join(f'layer {l} {k}' for l, k in left)}")
+    return "GPT2LMHeadModel", config, sd
 
 
 def _llama_matches(checkpoint):
@@ -91,42 +138,27 @@ def _llama_matches(checkpoint):
             and shape.rotary_percent == 1)  # transformers' LLaMA rotates the whole head
 
 
-def _llama_build(checkpoint, weights):
-    """LlamaForCausalLM. Our fused QKV has one row block per kv group: its a/g query heads, then
-    its key head, then its value head (HF repeats kv head j for query heads j*a/g .. (j+1)*a/g-1,
-    the same grouping). Our GLU rows alternate gate / value (row 2j, 2j+1): HF's gate_proj and
-    up_proj. Rotary is the "rotate half" form over the full head dim, as HF's."""
+# our fused QKV's kv groups: HF repeats kv head j for query heads j a/g .. (j+1) a/g - 1, the same
+# grouping; our GLU's gate / value rows: HF's gate_proj / up_proj
+LLAMA_NAMES = {("embedding", "word_embeddings"): "model.embed_tokens",
+               ("layer", "input_layernorm"): "model.layers.{i}.input_layernorm",
+               ("layer", "self_attention.query_key_value"): {"query": "model.layers.{i}.self_attn.q_proj",
+                                                            "key": "model.layers.{i}.self_attn.k_proj",
+                                                            "value": "model.layers.{i}.self_attn.v_proj"},
+               ("layer", "self_attention.dense"): "model.layers.{i}.self_attn.o_proj",
+               ("layer", "post_attention_layernorm"): "model.layers.{i}.post_attention_layernorm",
+               ("layer", "mlp.dense_h_to_4h"): {"gate": "model.layers.{i}.mlp.gate_proj",
+                                                "value": "model.layers.{i}.mlp.up_proj"},
+               ("layer", "mlp.dense_4h_to_h"): "model.layers.{i}.mlp.down_proj",
+               ("final_norm", ""): "model.norm", ("output", ""): "lm_head"}
+
+
+def _llama_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
+    """LlamaForCausalLM. Rotary is the "rotate half" form over the full head dim, as HF's."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L, a, g, d = shape.num_layers, shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     bias = shape.add_bias_linear
-    taken = set()
-
-    def w(layer, key):
-        taken.add((layer, key))
-        return weights[(layer, key)]
-
-    def split_qkv(t):  # [(a + 2g) d (, h)] -> q [a d], k [g d], v [g d]
-        groups = t.view(g, a // g + 2, d, *t.shape[1:])
-        rest = t.shape[1:]
-        return (groups[:, :a // g].reshape(a * d, *rest), groups[:, a // g].reshape(g * d, *rest),
-                groups[:, a // g + 1].reshape(g * d, *rest))
-
-    sd = {"model.embed_tokens.weight": w(0, "word_embeddings.weight")}
-    for i in range(L):
-        layer, pre = i + 1, f"model.layers.{i}."
-        sd[pre + "input_layernorm.weight"] = w(layer, "input_layernorm.weight")
-        sd[pre + "post_attention_layernorm.weight"] = w(layer, "post_attention_layernorm.weight")
-        for suffix in ("weight", "bias") if bias else ("weight",):
-            q, k, v = split_qkv(w(layer, f"self_attention.query_key_value.{suffix}"))
-            sd.update({pre + f"self_attn.q_proj.{suffix}": q, pre + f"self_attn.k_proj.{suffix}": k,
-                       pre + f"self_attn.v_proj.{suffix}": v,
-                       pre + f"self_attn.o_proj.{suffix}": w(layer, f"self_attention.dense.{suffix}")})
-            h_to_4h = w(layer, f"mlp.dense_h_to_4h.{suffix}")
-            sd.update({pre + f"mlp.gate_proj.{suffix}": h_to_4h[0::2], pre + f"mlp.up_proj.{suffix}": h_to_4h[1::2],
-                       pre + f"mlp.down_proj.{suffix}": w(layer, f"mlp.dense_4h_to_h.{suffix}")})
-    sd["model.norm.weight"] = w(L + 1, "weight")
-    sd["lm_head.weight"] = sd["model.embed_tokens.weight"] if shape.tied else w(L + 2, "weight")
-    _check_all_mapped(weights, taken, "LlamaForCausalLM")
+    sd = _hf_state_dict(checkpoint, weights, LLAMA_NAMES, "LlamaForCausalLM")
     eod = info.get("eod_id")
     config = dict(vocab_size=shape.padded_vocab_size, hidden_size=shape.hidden_size,
                   intermediate_size=shape.ffn_hidden_size, num_hidden_layers=L, num_attention_heads=a,
@@ -137,7 +169,7 @@ def _llama_build(checkpoint, weights):
                   attention_bias=bias, mlp_bias=bias, tie_word_embeddings=shape.tied,
                   attention_dropout=info.get("attention_dropout", 0.0),
                   initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
-    return "LlamaForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
+    return "LlamaForCausalLM", config, sd
 
 
 def _neox_matches(checkpoint):
@@ -151,28 +183,20 @@ def _neox_matches(checkpoint):
             and shape.kv_channels * shape.num_attention_heads == shape.hidden_size)
 
 
-def _neox_build(checkpoint, weights):
-    """GPTNeoXForCausalLM. Its fused query_key_value rows are [head, (q, k, v), d], the per-head
-    grouping ours has with one query head per group, and its submodules carry Megatron's names."""
+# its fused query_key_value rows are [head, (q, k, v), d]: ours with one query head per kv group,
+# copied as is; its submodules carry Megatron's names
+NEOX_NAMES = {("embedding", "word_embeddings"): "gpt_neox.embed_in",
+              **{("layer", ours): f"gpt_neox.layers.{{i}}.{ours.replace('self_attention.', 'attention.')}"
+                 for ours in ("input_layernorm", "post_attention_layernorm", "self_attention.query_key_value",
+                              "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")},
+              ("final_norm", ""): "gpt_neox.final_layer_norm", ("output", ""): "lm_head"}
+
+
+def _neox_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
+    """GPTNeoXForCausalLM (sequential residuals)."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L = shape.num_layers
-    taken = set()
-
-    def w(layer, key):
-        taken.add((layer, key))
-        return weights[(layer, key)]
-
-    sd = {"gpt_neox.embed_in.weight": w(0, "word_embeddings.weight")}
-    for i in range(L):
-        for module in ("input_layernorm", "post_attention_layernorm", "attention.query_key_value",
-                       "attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"):
-            ours = module.replace("attention.", "self_attention.")
-            for suffix in ("weight", "bias"):
-                sd[f"gpt_neox.layers.{i}.{module}.{suffix}"] = w(i + 1, f"{ours}.{suffix}")
-    sd["gpt_neox.final_layer_norm.weight"] = w(L + 1, "weight")
-    sd["gpt_neox.final_layer_norm.bias"] = w(L + 1, "bias")
-    sd["lm_head.weight"] = sd["gpt_neox.embed_in.weight"] if shape.tied else w(L + 2, "weight")
-    _check_all_mapped(weights, taken, "GPTNeoXForCausalLM")
+    sd = _hf_state_dict(checkpoint, weights, NEOX_NAMES, "GPTNeoXForCausalLM")
     eod = info.get("eod_id")
     config = dict(vocab_size=shape.padded_vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=L,
                   num_attention_heads=shape.num_attention_heads, intermediate_size=shape.ffn_hidden_size,
@@ -183,7 +207,7 @@ def _neox_build(checkpoint, weights):
                   attention_bias=True, tie_word_embeddings=shape.tied,
                   hidden_dropout=info.get("hidden_dropout", 0.0), attention_dropout=info.get("attention_dropout", 0.0),
                   initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
-    return "GPTNeoXForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
+    return "GPTNeoXForCausalLM", config, sd
 
 
 def _bloom_matches(checkpoint):
@@ -196,34 +220,24 @@ def _bloom_matches(checkpoint):
             and shape.kv_channels * shape.num_attention_heads == shape.hidden_size)
 
 
-def _bloom_build(checkpoint, weights):
-    """BloomForCausalLM. Its fused query_key_value is viewed as [heads, 3, head dim] per output
-    row, our multi-head layout (one row block per head: q, k, v), so the QKV is copied as is; every
-    other name maps one to one (HF's Linear weights are [out, in] like ours). Its ALiBi adds
-    slope x key position, ours slope x (key - query position): the same softmax. Its GeLU is the
-    tanh approximation (Megatron's fused bias-GeLU), ours the exact erf form: logits differ by the
-    gap between the two, a few 1e-5 for a small model."""
+# its fused query_key_value is viewed as [heads, 3, head dim] per output row: our multi-head
+# layout, copied as is; every layer name maps one to one (HF's Linear weights are [out, in])
+BLOOM_NAMES = {("embedding", "word_embeddings"): "transformer.word_embeddings",
+               ("embedding", "embedding_layernorm"): "transformer.word_embeddings_layernorm",
+               **{("layer", ours): f"transformer.h.{{i}}.{ours}"
+                  for ours in ("input_layernorm", "self_attention.query_key_value", "self_attention.dense",
+                               "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")},
+               ("final_norm", ""): "transformer.ln_f", ("output", ""): "lm_head"}
+
+
+def _bloom_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
+    """BloomForCausalLM. Its ALiBi adds slope x key position, ours slope x (key - query
+    position): the same softmax. Its GeLU is the tanh approximation (Megatron's fused bias-GeLU),
+    ours the exact erf form: logits differ by the gap between the two, a few 1e-5 for a small
+    model."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L, h = shape.num_layers, shape.hidden_size
-    taken = set()
-
-    def w(layer, key):
-        taken.add((layer, key))
-        return weights[(layer, key)]
-
-    sd = {"transformer.word_embeddings.weight": w(0, "word_embeddings.weight"),
-          "transformer.word_embeddings_layernorm.weight": w(0, "embedding_layernorm.weight"),
-          "transformer.word_embeddings_layernorm.bias": w(0, "embedding_layernorm.bias")}
-    for i in range(L):
-        layer, pre = i + 1, f"transformer.h.{i}."
-        for name in ("input_layernorm", "self_attention.query_key_value", "self_attention.dense",
-                     "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"):
-            for suffix in ("weight", "bias"):
-                sd[f"{pre}{name}.{suffix}"] = w(layer, f"{name}.{suffix}")
-    sd["transformer.ln_f.weight"] = w(L + 1, "weight")
-    sd["transformer.ln_f.bias"] = w(L + 1, "bias")
-    sd["lm_head.weight"] = sd["transformer.word_embeddings.weight"]  # tied
-    _check_all_mapped(weights, taken, "BloomForCausalLM")
+    sd = _hf_state_dict(checkpoint, weights, BLOOM_NAMES, "BloomForCausalLM")
     eod = info.get("eod_id")
     config = dict(vocab_size=shape.padded_vocab_size, hidden_size=h, n_layer=L, n_head=shape.num_attention_heads,
                   layer_norm_epsilon=info.get("layernorm_epsilon", 1e-5),
@@ -231,7 +245,7 @@ def _bloom_build(checkpoint, weights):
                   hidden_dropout=info.get("hidden_dropout", 0.0), attention_dropout=info.get("attention_dropout", 0.0),
                   initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod,
                   tie_word_embeddings=True)
-    return "BloomForCausalLM", config, {k: v.contiguous() for k, v in sd.items()}
+    return "BloomForCausalLM", config, sd
 
 
 # (name, matches, build): the first that matches converts

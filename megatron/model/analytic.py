@@ -1,13 +1,20 @@
 """What a ModelShape builds, from the shape alone (torch-free): every parameter tensor with its
-full shape, TP split and pipeline placement (the parameter table), the exact counts that follow
-from it, and the FLOPs formula.
+full shape, TP split rule, module names and pipeline placement (the parameter table), the exact
+counts that follow from it, and the FLOPs formula.
+
+The table is the one description of the parameters: the build-time matcher (megatron/utils.py),
+resharding (megatron/checkpoint_reshard.py) and the transformers export
+(tools/convert_checkpoint_to_hf.py) find a parameter by the names `entries_by_name` gives and
+cut, merge or unfuse it by its entry's split rule (`SPLIT_DIMS`, `block`, `fused_parts`).
 
 The measured count in megatron/utils.py must equal `analytic_parameter_counts` exactly; the
 trainer cross-checks the two at startup and tools/param_count.py prints this side.
 """
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 COMPONENTS = ("word_embeddings", "position_embeddings", "embedding_layernorm", "attention", "mlp", "layernorm",
               "output_layer", "experts", "router")
@@ -16,18 +23,42 @@ COMPONENTS = ("word_embeddings", "position_embeddings", "embedding_layernorm", "
 EMBEDDING_COMPONENTS = ("word_embeddings", "position_embeddings", "output_layer")
 
 
+# TP split rules: the dimension TP cuts (None: every TP rank holds the whole tensor); a rank's
+# slice is one contiguous chunk of it, a whole number of the entry's `block`s of rows:
+#   replicated  norms, position table, row-parallel biases, the router, whole (non-TP) experts
+#   column      ColumnParallelLinear's output rows (and its bias)
+#   row         RowParallelLinear's input columns (its bias is replicated)
+#   vocab       the word embedding / output layer: rows of the padded vocab (the padded rows are
+#               real logits: they stay as saved)
+SPLIT_DIMS: dict[str, int | None] = {"replicated": None, "column": 0, "row": 1, "vocab": 0}
+# Fused rows of a column-parallel linear (`fused`), laid out so that a TP chunk of whole blocks
+# means the same on every rank:
+#   qkv  one row block per kv group: its a/g query heads, then its key head and its value head
+#        (block (a/g + 2) x head dim rows; with a == g, GPT-NeoX's and BLOOM's per-head q, k, v)
+#   glu  a GLU's dense_h_to_4h: rows alternate gate / value (block: the pair of rows 2j, 2j+1)
+FUSED_KINDS = ("qkv", "glu")
+
+
 class ParamSpec(NamedTuple):
     """One parameter tensor. `layer` is its index in GPTModelPipe's layer list (0: embedding,
     1..L: transformer layers, L+1: final norm, L+2: the output layer -- the tied copy of the
-    embedding, or the untied output weight), `key` its name inside that layer; `partition_dim`
-    is the TP split (None: replicated)."""
+    embedding, or the untied output weight), `key` its name inside that layer (its module names:
+    `module_name`); `split` its TP split rule (SPLIT_DIMS), `fused` the projections its rows
+    interleave (FUSED_KINDS, `fused_parts`), `block` the rows that stay together on one TP rank."""
     layer: int
     key: str
     component: str
-    shape: tuple
-    partition_dim: int = None
+    shape: tuple[int, ...]
+    split: str = "replicated"
+    fused: str | None = None
+    block: int = 1
 
-    def local_numel(self, tp):
+    @property
+    def partition_dim(self) -> int | None:
+        """The dimension TP splits (None: replicated)."""
+        return SPLIT_DIMS[self.split]
+
+    def local_numel(self, tp: int) -> int:
         return prod(self.shape) // (1 if self.partition_dim is None else tp)
 
 
@@ -35,7 +66,7 @@ def _embedding_specs(shape, layer, first_stage=True):
     """The embedding module. The embedding LayerNorm exists on the first stage only: the last
     stage's tied copy serves as the output layer and never runs it."""
     h = shape.hidden_size
-    specs = [ParamSpec(layer, "word_embeddings.weight", "word_embeddings", (shape.padded_vocab_size, h), 0)]
+    specs = [ParamSpec(layer, "word_embeddings.weight", "word_embeddings", (shape.padded_vocab_size, h), "vocab")]
     if shape.position_embedding_type == "absolute":
         specs.append(ParamSpec(layer, "position_embeddings.weight", "position_embeddings",
                                (shape.max_position_embeddings, h)))
@@ -52,11 +83,13 @@ def _norm_specs(layer, prefix, h, normalization, component="layernorm"):
     return specs
 
 
-def _linear_specs(shape, layer, name, component, out_features, in_features, partition_dim):
-    """A column- (partition_dim 0) or row-parallel (1) linear; the row-parallel bias is replicated."""
-    specs = [ParamSpec(layer, f"{name}.weight", component, (out_features, in_features), partition_dim)]
+def _linear_specs(shape, layer, name, component, out_features, in_features, split, fused=None, block=1):
+    """A column-parallel linear (split column; its bias is split and fused like the weight's rows)
+    or a row-parallel one (split row; its bias is replicated)."""
+    specs = [ParamSpec(layer, f"{name}.weight", component, (out_features, in_features), split, fused, block)]
     if shape.add_bias_linear:
-        specs.append(ParamSpec(layer, f"{name}.bias", component, (out_features,), 0 if partition_dim == 0 else None))
+        bias = (split, fused, block) if split == "column" else ("replicated", None, 1)
+        specs.append(ParamSpec(layer, f"{name}.bias", component, (out_features,), *bias))
     return specs
 
 
@@ -65,17 +98,19 @@ def _transformer_layer_specs(shape, layer):
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     return (_norm_specs(layer, "input_layernorm.", h, norm)
             # one row block per kv group: its query heads, then its key head and value head
-            + _linear_specs(shape, layer, "self_attention.query_key_value", "attention", (a + 2 * g) * d, h, 0)
-            + _linear_specs(shape, layer, "self_attention.dense", "attention", h, a * d, 1)
+            + _linear_specs(shape, layer, "self_attention.query_key_value", "attention", (a + 2 * g) * d, h, "column",
+                            "qkv", (a // g + 2) * d)
+            + _linear_specs(shape, layer, "self_attention.dense", "attention", h, a * d, "row")
             + _norm_specs(layer, "post_attention_layernorm.", h, norm)
-            # a GLU's dense_h_to_4h yields the gate and the value: 2f outputs
-            + _linear_specs(shape, layer, "mlp.dense_h_to_4h", "mlp", 2 * f if shape.glu else f, h, 0)
-            + _linear_specs(shape, layer, "mlp.dense_4h_to_h", "mlp", h, f, 1))
+            # a GLU's dense_h_to_4h yields the gate and the value: 2f outputs, alternating
+            + (_linear_specs(shape, layer, "mlp.dense_h_to_4h", "mlp", 2 * f, h, "column", "glu", 2) if shape.glu
+               else _linear_specs(shape, layer, "mlp.dense_h_to_4h", "mlp", f, h, "column"))
+            + _linear_specs(shape, layer, "mlp.dense_4h_to_h", "mlp", h, f, "row"))
 
 
 def _output_layer_specs(shape, layer):
     """The untied output layer: its own vocab-parallel weight on the last stage."""
-    return [ParamSpec(layer, "weight", "output_layer", (shape.padded_vocab_size, shape.hidden_size), 0)]
+    return [ParamSpec(layer, "weight", "output_layer", (shape.padded_vocab_size, shape.hidden_size), "vocab")]
 
 
 def _transformer_layer_or_moe_specs(shape, layer):
@@ -102,7 +137,7 @@ def _dense_mlp_specs(shape):
 def _expert_specs(shape, layer, prefix, component):
     tp = shape.enable_expert_tensor_parallelism
     return [spec._replace(layer=layer, key=prefix + spec.key, component=component,
-                          partition_dim=spec.partition_dim if tp else None) for spec in _dense_mlp_specs(shape)]
+                          split=spec.split if tp else "replicated") for spec in _dense_mlp_specs(shape)]
 
 
 def moe_layer_specs(shape, layer, dense_specs):
@@ -172,6 +207,50 @@ def parameter_table(shape):
     if not shape.tied:
         specs += _output_layer_specs(shape, shape.num_layers + 2)
     return specs
+
+
+# --- names and fused parts: how resharding, the export and the build-time matcher read the table ---
+
+def module_name(spec: ParamSpec, shape: Any, pipeline: bool) -> str:
+    """The entry's parameter name in GPTModelPipe (pipeline=True: `<layer>.<key>`; the tied
+    embedding is DeepSpeed's `tied_modules.embed.<key>`, the same name on every stage holding a
+    copy) or in GPTModel. Experts by global index."""
+    layer, key, L = spec.layer, spec.key, shape.num_layers
+    if pipeline:
+        return f"tied_modules.embed.{key}" if layer == 0 and shape.tied else f"{layer}.{key}"
+    if layer == 0:
+        return f"language_model.embedding.{key}"
+    if layer <= L:
+        return f"language_model.encoder.layers.{layer - 1}.{key}"
+    if layer == L + 1:
+        return f"language_model.encoder.final_layernorm.{key}"
+    return f"language_model.output_layer.{key}"
+
+
+@lru_cache(maxsize=16)
+def entries_by_name(shape: Any, pipeline: bool) -> MappingProxyType:
+    """{module name: entry} for every entry of the table (read-only: the cache shares it)."""
+    return MappingProxyType({module_name(spec, shape, pipeline): spec for spec in parameter_table(shape)})
+
+
+def table_entry(name: str, shape: Any, pipeline: bool) -> ParamSpec | None:
+    """The entry a GPTModelPipe (pipeline=True) or GPTModel parameter name describes, or None."""
+    return entries_by_name(shape, pipeline).get(name)
+
+
+def fused_parts(spec: ParamSpec, shape: Any, full: Any) -> dict[str, Any]:
+    """The separate projections in a fused entry's full tensor (rows first; any torch tensor):
+    qkv -> query [a d, ...], key [g d, ...], value [g d, ...], each with its heads in order;
+    glu -> gate, value (rows 2j and 2j + 1); an entry that fuses nothing -> {"": full}."""
+    rest = tuple(full.shape[1:])
+    if spec.fused == "qkv":
+        a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
+        groups = full.reshape(g, a // g + 2, d, *rest)
+        return {"query": groups[:, :a // g].reshape(a * d, *rest), "key": groups[:, a // g].reshape(g * d, *rest),
+                "value": groups[:, a // g + 1].reshape(g * d, *rest)}
+    if spec.fused == "glu":
+        return {"gate": full[0::2], "value": full[1::2]}
+    return {"": full}
 
 
 def stage_of_layer(shape, layer):
