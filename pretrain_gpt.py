@@ -57,11 +57,12 @@ def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
         raise ConfigError(str(e)) from None
 
 
-def main(args_list=None):
+def main(args_list=None, hooks=None):
+    """hooks: a megatron.training.TrainerHooks that watches the run (tests/pretrain_driver.py)."""
     from megatron.training import pretrain
     try:
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
-                        args_list=args_list)
+                        args_list=args_list, hooks=hooks)
     except ConfigError as e:
         # one line naming the flag and the fix, instead of a stack trace from deep inside
         print(f"pretrain_gpt.py: error: {e}", file=sys.stderr, flush=True)

@@ -48,13 +48,12 @@ def per_call_seconds(fn: Callable[[], object], calls: int) -> float:
 def measure(layers: int, hidden: int,
             a: argparse.Namespace) -> tuple[str, str, int, str, str, str, str, str, str]:
     """One table row: a trainer of this size, its iteration time, and both logging paths."""
-    from megatron.engine import current_loss_scale
-    from megatron.training_log import IntervalStats, training_log
+    from megatron.training_log import IntervalStats
 
     torch.set_num_threads(a.threads)
     trainer = common.Trainer(common.trainer_flags(layers, hidden, a.heads, a.seq, a.micro_batch, a.vocab))
     torch.set_num_threads(a.threads)
-    args, engine, scheduler = trainer.args, trainer.engine, trainer.lr_scheduler
+    args, engine = trainer.args, trainer.engine
     gbs = args.global_batch_size
 
     trainer.step()  # warm-up
@@ -63,13 +62,11 @@ def measure(layers: int, hidden: int,
     for _ in range(a.steps):
         loss = trainer.step()
     iteration = (time.perf_counter() - start) / a.steps
-    progress = trainer.progress
 
     def ours() -> None:  # what the training loop does at a log step
         stats = IntervalStats()
         stats.add(loss, gbs, True)
-        training_log(stats, iteration, scheduler.get_lr(), engine.get_global_grad_norm(), current_loss_scale(engine),
-                     gbs, progress, args)
+        trainer.trainer.log(stats, iteration, gbs)
 
     def naive() -> None:
         naive_parameter_count(engine.module)

@@ -44,37 +44,32 @@ def trainer_flags(layers, hidden, heads, seq, micro_batch, vocab, global_batch=N
 
 
 class Trainer:
-    """Our trainer at world size 1, built exactly as megatron.training.pretrain builds it;
-    `step()` is megatron.training.train_step, the loop's own iteration (minus logging / eval / save)."""
+    """Our trainer at world size 1: megatron.training.Trainer, built as pretrain() builds it (its
+    startup report silenced); `step()` is its train_step, the loop's own iteration (minus logging /
+    eval / save), and the first step's memory measurement as train() takes it."""
 
-    def __init__(self, flags):
+    def __init__(self, flags: list[str]) -> None:
         import pretrain_gpt
-        from megatron import training
-        from megatron.engine import engine_steps
         from megatron.initialize import initialize_megatron
-        from megatron.training_state import TrainingProgress
+        from megatron.training import Trainer as OurTrainer
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         with contextlib.redirect_stdout(io.StringIO()):  # the startup report, not a result
             self.args = initialize_megatron(args_list=flags)
-            engine, self.lr_scheduler, self.calculator = training.setup_model_and_optimizer(
-                pretrain_gpt.model_provider, self.args)
-            self.progress = TrainingProgress()
-            self.train_iter, _, _ = training.build_data_iterators(
-                pretrain_gpt.train_valid_test_datasets_provider, self.args, self.progress, pretrain_gpt.get_batch)
-        self.engine = engine
-        self.steps = engine_steps(engine, pretrain_gpt.forward_step, self.args)
+            self.trainer = OurTrainer(self.args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+            self.trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider,
+                                              pretrain_gpt.get_batch)
+        self.engine, self.lr_scheduler, self.progress = self.trainer.engine, self.trainer.lr_scheduler, \
+            self.trainer.progress
         self.engine.train()
         self.samples_per_step = self.args.global_batch_size
         self.flops_per_sample = self.args.flops_per_sample
 
-    def step(self):
-        from megatron.training import train_step
-        loss, _ = train_step(self.steps, self.lr_scheduler, self.calculator, self.train_iter, self.progress, self.args)
-        if getattr(self.args, "memory_probe", None) is not None:  # after the first step, as train() does
-            from megatron.memory_measure import finish_memory_probe
+    def step(self) -> torch.Tensor:
+        loss, _ = self.trainer.train_step()
+        if self.trainer.memory_probe is not None:  # after the first step, as train() does
             with contextlib.redirect_stdout(io.StringIO()):
-                self.memory = finish_memory_probe(self.args)
+                self.memory = self.trainer.measure_memory()
         return loss
 
 

@@ -30,7 +30,7 @@ def _sum(value, group):
     return float(total.item())
 
 
-def params_norm(model, mpu):
+def params_norm(model: torch.nn.Module, mpu) -> float:
     """L2 norm of every parameter of the model, each counted once (float64 sums of squares)."""
     owned, group = _ownership(model, mpu)
     squares = sum(float(p.detach().double().pow(2).sum()) for p in model.parameters() if owned(p))
@@ -40,10 +40,10 @@ def params_norm(model, mpu):
 class ZeroCounter:
     """Counts the zero entries of the gradient at each optimizer step; `last` is the latest count."""
 
-    def __init__(self, optimizer, model, mpu):
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, mpu) -> None:
         self.owned, self.group = _ownership(model, mpu)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.last = None
+        self.last: int | None = None
         optimizer.register_step_pre_hook(self._count)
 
     def _count(self, optimizer, args, kwargs):

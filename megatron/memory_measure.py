@@ -115,10 +115,11 @@ class _Saved:
 
 
 class MemoryProbe:
-    """Armed at setup, read after the first iteration (see `start_memory_probe`)."""
+    """Armed at setup, read after the first iteration (see `start_memory_probe`); `setup` is what
+    the prediction it is compared with was made for."""
 
-    def __init__(self, engine, args):
-        self.engine, self.args = engine, args
+    def __init__(self, engine, setup: TrainingSetup) -> None:
+        self.engine, self.setup = engine, setup
         self.model = engine.module
         self.weights, self.weight_ptrs = _unique_bytes(weight_tensors(self.model))
         self.gradients = None
@@ -151,7 +152,7 @@ class MemoryProbe:
                     tensors += list(_tensors_in(value))
         self.gradients, _ = _unique_bytes(tensors, self.weight_ptrs)
 
-    def measure(self):
+    def measure(self) -> dict[str, int]:
         if self.saved is not None:
             self.saved.__exit__(None, None, None)
         basic = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
@@ -174,33 +175,28 @@ class MemoryProbe:
         return dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=activations)
 
 
-def start_memory_probe(engine, args):
-    """Called once after the engine is built; `finish_memory_probe` after the first iteration."""
-    args.memory_probe = MemoryProbe(engine, args)
+def start_memory_probe(engine, setup: TrainingSetup) -> MemoryProbe:
+    """Called once after the engine is built; `finish_memory_probe` after the first iteration.
+    The caller holds the probe (the Trainer: `memory_probe`)."""
+    return MemoryProbe(engine, setup)
 
 
-def training_setup(args, engine=None):
+def training_setup(args, engine) -> TrainingSetup:
     """The setup the prediction needs; fused Adam is read off the optimizer the engine got."""
-    if engine is not None:
-        basic = getattr(engine, "basic_optimizer", None) or engine.optimizer
-        args.memory_setup = TrainingSetup.from_args(args, fused_adam=type(basic).__name__ == "FusedAdam")
-    return args.memory_setup
+    basic = getattr(engine, "basic_optimizer", None) or engine.optimizer
+    return TrainingSetup.from_args(args, fused_adam=type(basic).__name__ == "FusedAdam")
 
 
-def finish_memory_probe(args):
+def finish_memory_probe(probe: MemoryProbe, args) -> list[tuple]:
     """Every rank measures; the last rank prints measured next to predicted for every rank.
     Returns [(rank, stage, tp rank, dp rank, predicted RankMemory, measured dict)] on every rank."""
-    probe = getattr(args, "memory_probe", None)
-    if probe is None:
-        return None
-    args.memory_probe = None
     measured = probe.measure()
     me = [torch.distributed.get_rank(), mpu.get_pipeline_model_parallel_rank(),
           mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()] + [measured[f] for f in FIELDS]
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     rows = [torch.zeros(len(me), dtype=torch.int64, device=device) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(rows, torch.tensor(me, dtype=torch.int64, device=device))
-    shape, setup = args.model_shape, training_setup(args)
+    shape, setup = args.model_shape, probe.setup
     predicted = {(r.stage, r.dp_rank): r for r in predict_memory(shape, setup)}
     result = []
     for row in rows:
@@ -210,11 +206,10 @@ def finish_memory_probe(args):
         print_rank_last(line)
     if setup.moe and setup.zero_stage > 0:
         print_rank_last("  (MoE with ZeRO: the prediction does not model the expert groups' partitioning, see above)")
-    args.memory_measured = result
     return result
 
 
-def format_comparison(result, cuda=False):
+def format_comparison(result: list[tuple], cuda: bool = False) -> list[str]:
     act = "peak allocated - model state" if cuda else "saved for backward"
     lines = ["memory after the first iteration, bytes, predicted / measured "
              f"(activations: estimate / {act}):",
@@ -231,13 +226,15 @@ def format_comparison(result, cuda=False):
     return lines
 
 
-def startup_report(engine, args):
+def startup_report(engine, args) -> MemoryProbe:
     """At startup, once the engine is built: the predicted memory table and the peak MFU is
-    measured against (rank 0); then arm the measurement of the first iteration."""
+    measured against (rank 0); then arm the measurement of the first iteration: returns the
+    probe, for `finish_memory_probe` after it."""
     from megatron import print_rank_0
     from megatron.mfu import configure_mfu
-    for line in format_memory_report(args.model_shape, training_setup(args, engine)):
+    setup = training_setup(args, engine)
+    for line in format_memory_report(args.model_shape, setup):
         print_rank_0(line)
     print_rank_0(configure_mfu(args))
-    start_memory_probe(engine, args)
+    return start_memory_probe(engine, setup)
 

@@ -5,9 +5,12 @@ the training loop hands over: no collective, no walk over the model's parameters
 import math
 from dataclasses import dataclass
 
+import torch
+
 from megatron import print_rank_last
 from megatron.global_vars import get_tensorboard_writer
 from megatron.mfu import interval_mfu
+from megatron.training_state import TrainingProgress
 
 
 class _NoWriter:
@@ -36,7 +39,7 @@ def _write_group(writer, tag, value, progress, args, axes=("iteration", "samples
         writer.add_scalar(tag + suffix, value, step)
 
 
-def log_model_size(args, report_lines):
+def log_model_size(args, report_lines: list[str]) -> None:
     """Once, at step 0, for the arch-and-scaling dashboards. TensorBoard stores scalars as float32,
     exact only below 2^24 (16.7M): the scalars are for plotting, and the exact integers (the
     startup report's table) go next to them as a text summary."""
@@ -57,10 +60,10 @@ class IntervalStats:
     iterations: int = 0
     samples: int = 0
     applied: int = 0
-    loss: object = 0.0  # a tensor sum once a loss was added: no host sync until we log
-    moe_loss: object = None  # MoE models: the load-balancing loss, summed like `loss`
+    loss: float | torch.Tensor = 0.0  # a tensor sum once a loss was added: no host sync until we log
+    moe_loss: torch.Tensor | None = None  # MoE models: the load-balancing loss, summed like `loss`
 
-    def add(self, loss, samples, applied, moe_loss=None):
+    def add(self, loss: torch.Tensor, samples: int, applied: bool, moe_loss: torch.Tensor | None = None) -> None:
         self.iterations += 1
         self.samples += samples
         if applied:
@@ -70,26 +73,29 @@ class IntervalStats:
                 self.moe_loss = moe_loss if self.moe_loss is None else self.moe_loss + moe_loss
 
     @property
-    def skipped(self):
+    def skipped(self) -> int:
         return self.iterations - self.applied
 
-    def mean_loss(self):
+    def mean_loss(self) -> float:
         return float(self.loss) / max(1, self.applied)
 
-    def mean_moe_loss(self):
+    def mean_moe_loss(self) -> float | None:
         return None if self.moe_loss is None else float(self.moe_loss) / max(1, self.applied)
 
 
-def throughput(samples, elapsed, args):
+def throughput(samples: int, elapsed: float, args) -> tuple[float, float, float]:
     """(samples/s, tokens/s, TFLOPs per GPU) over a logging interval of `samples` samples."""
     samples_per_second = samples / elapsed
     tflops = args.flops_per_sample * samples / (elapsed * args.world_size * 1e12)
     return samples_per_second, samples_per_second * args.seq_length, tflops
 
 
-def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args,
-                 params_norm=None, num_zeros=None):
-    """params_norm / num_zeros: --log-params-norm / --log-num-zeros-in-grad (the fork's tags and fields)."""
+def training_log(stats: IntervalStats, elapsed: float, progress: TrainingProgress, args, *, lr: float,
+                 grad_norm: float | torch.Tensor | None, loss_scale: float | None, global_batch_size: int,
+                 total_iterations: int, params_norm: float | None = None, num_zeros: int | None = None) -> None:
+    """The line over `stats`' iterations, `elapsed` seconds of training steps; total_iterations:
+    the run's length (the Trainer's); params_norm / num_zeros: --log-params-norm /
+    --log-num-zeros-in-grad (the fork's tags and fields)."""
     loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
     samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, args)
@@ -123,7 +129,7 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     if mfu is not None:
         writer.add_scalar("iteration-time/MFU", mfu, it)
 
-    line = (f" iteration {it:8d}/{args.total_iterations:8d} |"
+    line = (f" iteration {it:8d}/{total_iterations:8d} |"
             f" consumed samples: {progress.consumed_train_samples:12d} |"
             f" consumed tokens: {progress.consumed_train_tokens:12d} |"
             f" elapsed time per iteration (ms): {1000.0 * elapsed / stats.iterations:.1f} |"
@@ -147,7 +153,8 @@ def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, p
     print_rank_last(line)
 
 
-def evaluation_log(prefix, loss, progress, args, tensorboard=True, name=None):
+def evaluation_log(prefix: str, loss: float, progress: TrainingProgress, args, tensorboard: bool = True,
+                   name: str | None = None) -> None:
     """One evaluation's line and scalars; `name`: a --valid-weighted-split-paths group, whose line
     and tags carry it as BigScience's fork names them (`NAME loss at ...`,
     `lm-loss-validation/NAME/lm loss validation`)."""

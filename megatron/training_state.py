@@ -11,19 +11,19 @@ class TrainingProgress:
     consumed_train_tokens: int = 0    # samples x --seq-length (what --train-tokens and token schedules count)
     gigaflos_no_embeds: float = 0.0   # C = 6 N D so far (N without embeddings), in 1e9 FLOPs
     skipped_iterations: int = 0       # fp16 steps whose update was skipped (gradient overflow)
-    last_saved_iteration: int = None
+    last_saved_iteration: int | None = None
 
-    def state_dict(self):
+    def state_dict(self) -> dict:
         return asdict(self)
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict) -> None:
         """Fields missing from an older checkpoint keep their defaults."""
         for f in fields(self):
             if f.name in state:
                 setattr(self, f.name, state[f.name])
 
 
-def saved_progress(client_state):
+def saved_progress(client_state: dict) -> dict:
     """The progress entry of a checkpoint's client state; checkpoints written before it existed
     kept these fields at the top level."""
     if "progress" in client_state:

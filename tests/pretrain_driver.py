@@ -1,10 +1,12 @@
-"""Runs pretrain_gpt.py's main() under `deepspeed`, instrumented for the tests, and writes what
-each rank saw to $DRIVER_OUT/rank{R}.json:
+"""Runs pretrain_gpt.py's main() under `deepspeed`, watched through the Trainer's hooks
+(megatron.training.TrainerHooks) for the tests, and writes what each rank saw to
+$DRIVER_OUT/rank{R}.json:
 
   * DeepSpeed's own engine view (its UNIQUE_PARAMS log line, made visible at INFO level);
   * our cached counts from args;
   * spies: torch.distributed collectives and Module.parameters()/named_parameters() calls made
-    while megatron.training.training_log runs, and how often the count itself ran;
+    while the log line is written (between the Trainer's on_log_start and on_log_end hooks: the
+    call of megatron.training_log.training_log), and how often the count itself ran;
   * with DRIVER_INF_GRAD_AT=N: iteration N's gradients are made infinite (a forced overflow, as an
     fp16 loss scale that is too high produces), for the engine's own overflow check to catch;
   * each logged iteration's learning rate and consumed tokens, and each evaluation's (prefix, group
@@ -27,8 +29,8 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils import logger as ds_logger
 
-import megatron.training as training
 import pretrain_gpt
+from megatron.training import TrainerHooks
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
@@ -53,105 +55,71 @@ for name in COLLECTIVES:
 _spy(torch.nn.Module, "parameters", "parameter_walks_in_log")
 _spy(torch.nn.Module, "named_parameters", "parameter_walks_in_log")
 
-_training_log = training.training_log
 
+class Recorder(TrainerHooks):
+    """Records through the Trainer's documented hooks (megatron/trainer.py, TrainerHooks)."""
 
-def training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args, **kwargs):
-    # the logged loss at full precision, for bit-for-bit comparisons across runs
-    state["losses"][progress.iteration] = stats.mean_loss()
-    state["lrs"][progress.iteration] = lr
-    state["tokens"][progress.iteration] = progress.consumed_train_tokens
-    state["log_calls"] += 1
-    state["in_log"] = True
-    try:
-        return _training_log(stats, elapsed, lr, grad_norm, loss_scale, global_batch_size, progress, args, **kwargs)
-    finally:
+    def on_parameter_counts(self, trainer, counts):
+        state["count_calls"] += 1
+
+    def on_build(self, trainer):
+        """What the engine really runs with: its ZeRO stage and the elements this rank holds after it
+        partitioned the model (ZeRO-3 leaves each rank its shard only)."""
+        engine = trainer.engine
+        state["zero_stage"] = engine.zero_optimization_stage()
+        state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+
+    def on_load(self, trainer):
+        if os.environ.get("DRIVER_DUMP_LOADED"):
+            from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+            engine = trainer.engine
+            dump = {name: {"weight": p.detach().clone(), "fp32": safe_get_full_fp32_param(p),
+                           **{k: safe_get_full_optimizer_state(p, k) for k in ("exp_avg", "exp_avg_sq")}}
+                    for name, p in engine.module.named_parameters()}
+            steps = [s["step"] for s in engine.optimizer.optimizer.state.values()]
+            torch.save({"params": dump, "steps": steps, "iteration": trainer.progress.iteration},
+                       os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}_loaded.pt"))
+
+    def on_batch(self, trainer, data):
+        if os.environ.get("DRIVER_RECORD_BATCHES"):
+            state["samples"] += [sorted(set(row.tolist())) for row in data["text"]]
+
+    def on_step_start(self, trainer):
+        self.inf_hook = None
+        if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
+            param = next(trainer.engine.module.parameters())
+            self.inf_hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+
+    def on_step_end(self, trainer, loss):
+        """Also records each iteration's own loss, as the engine returned it (`step_losses`)."""
+        if self.inf_hook is not None:
+            self.inf_hook.remove()
+        state["step_losses"][trainer.progress.iteration] = float(loss)
+
+    def on_log_start(self, trainer, stats, lr):
+        # the logged loss at full precision, for bit-for-bit comparisons across runs
+        progress = trainer.progress
+        state["losses"][progress.iteration] = stats.mean_loss()
+        state["lrs"][progress.iteration] = lr
+        state["tokens"][progress.iteration] = progress.consumed_train_tokens
+        state["log_calls"] += 1
+        state["in_log"] = True
+
+    def on_log_end(self, trainer):
         state["in_log"] = False
-        if progress.iteration == int(os.environ.get("DRIVER_KILL_SWITCH_AT", "0")) and args.rank == 0:
-            open(args.kill_switch_path, "w").close()
+        if trainer.progress.iteration == int(os.environ.get("DRIVER_KILL_SWITCH_AT", "0")) and trainer.args.rank == 0:
+            open(trainer.args.kill_switch_path, "w").close()
+
+    def on_evaluate(self, trainer, prefix, name, loss):
+        state["evaluations"].append([prefix, name, loss])  # at full precision
 
 
-_evaluation_log = training.evaluation_log
+RECORDER = Recorder()
 
 
-def evaluation_log(prefix, loss, progress, args, tensorboard=True, name=None):
-    state["evaluations"].append([prefix, name, loss])  # at full precision
-    return _evaluation_log(prefix, loss, progress, args, tensorboard=tensorboard, name=name)
-
-
-_count = training.compute_parameter_counts
-
-
-def compute_parameter_counts(*args, **kwargs):
-    state["count_calls"] += 1
-    return _count(*args, **kwargs)
-
-
-_train_step = training.train_step
-
-
-def train_step(steps, lr_scheduler, calculator, train_iter, progress, args):
-    """Also records each iteration's own loss, as the engine returned it (`step_losses`)."""
-    hook = None
-    if progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
-        param = next(steps.engine.module.parameters())
-        hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
-    try:
-        loss, gbs = _train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
-    finally:
-        if hook is not None:
-            hook.remove()
-    state["step_losses"][progress.iteration] = float(loss)
-    return loss, gbs
-
-
-_initialize = training.deepspeed.initialize
-
-
-def initialize(*args, **kwargs):
-    """What the engine really runs with: its ZeRO stage and the elements this rank holds after it
-    partitioned the model (ZeRO-3 leaves each rank its shard only)."""
-    engine, *rest = _initialize(*args, **kwargs)
-    state["zero_stage"] = engine.zero_optimization_stage()
-    state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
-    return (engine, *rest)
-
-
-_load_checkpoint = training.load_checkpoint
-
-
-def load_checkpoint(engine, lr_scheduler, progress, args):
-    result = _load_checkpoint(engine, lr_scheduler, progress, args)
-    if os.environ.get("DRIVER_DUMP_LOADED"):
-        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-        dump = {name: {"weight": p.detach().clone(), "fp32": safe_get_full_fp32_param(p),
-                       **{k: safe_get_full_optimizer_state(p, k) for k in ("exp_avg", "exp_avg_sq")}}
-                for name, p in engine.module.named_parameters()}
-        steps = [s["step"] for s in engine.optimizer.optimizer.state.values()]
-        torch.save({"params": dump, "steps": steps, "iteration": progress.iteration},
-                   os.path.join(os.environ["DRIVER_OUT"], f"rank{args.rank}_loaded.pt"))
-    return result
-
-
-training.training_log = training_log
-training.load_checkpoint = load_checkpoint
-training.compute_parameter_counts = compute_parameter_counts
-training.train_step = train_step
-training.evaluation_log = evaluation_log
-
-
-training.deepspeed.initialize = initialize
-
-_get_batch = pretrain_gpt.get_batch
-
-
-def get_batch(data):
-    if os.environ.get("DRIVER_RECORD_BATCHES"):
-        state["samples"] += [sorted(set(row.tolist())) for row in data["text"]]
-    return _get_batch(data)
-
-
-pretrain_gpt.get_batch = get_batch
+def run(argv):
+    """pretrain_gpt.main(argv), recorded into `state` (tests that run it in-process call this)."""
+    return pretrain_gpt.main(argv, hooks=RECORDER)
 
 
 class _EngineView(logging.Handler):
@@ -166,7 +134,7 @@ ds_logger.addHandler(_EngineView(level=logging.INFO))
 
 
 def main():
-    args, progress = pretrain_gpt.main(sys.argv[1:])
+    args, progress = run(sys.argv[1:])
     out = os.environ["DRIVER_OUT"]
     result = dict(state, rank=args.rank, parameters=args.parameters,
                   parameters_no_embedding=args.parameters_no_embedding,
@@ -181,7 +149,6 @@ def main():
     del result["in_log"]
     with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
         json.dump(result, f)
-
 
 
 if __name__ == "__main__":

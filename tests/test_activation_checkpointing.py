@@ -24,12 +24,11 @@ def dropout_on(args):
 
 def _trajectories(runs):
     """{name: {iteration: loss}} of each run, as the trainer logged it (at full precision)."""
-    import pretrain_driver  # its spy on training_log records every logged loss
-    import pretrain_gpt
+    import pretrain_driver  # its hooks record every logged loss
     out = {}
     for name, argv in runs:
         pretrain_driver.state["losses"] = {}
-        args, progress = pretrain_gpt.main([str(a) for a in argv])
+        args, progress = pretrain_driver.run([str(a) for a in argv])
         assert progress.iteration == ITERS and args.checkpoint_activations == ("--checkpoint-activations" in argv)
         out[name] = dict(pretrain_driver.state["losses"])
     return out

@@ -18,21 +18,17 @@ FLAGS = ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--
 
 def _one_step(config_path, zero_stage):
     import pretrain_gpt
-    from megatron import training
-    from megatron.engine import engine_steps
     from megatron.initialize import initialize_megatron
-    from megatron.training_state import TrainingProgress
+    from megatron.training import Trainer
 
     args = initialize_megatron(args_list=[str(f) for f in FLAGS + ["--deepspeed_config", config_path,
                                                                     "--zero-stage", zero_stage]])
-    engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
-    progress = TrainingProgress()
-    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
-                                                     progress, pretrain_gpt.get_batch)
+    trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    engine = trainer.engine
     before = [p.detach().clone() for p in engine.module.parameters()]
     engine.train()
-    training.train_step(engine_steps(engine, pretrain_gpt.forward_step, args), lr_scheduler, calculator, train_iter,
-                        progress, args)
+    trainer.train_step()
     update = torch.stack([(p.detach() - b).norm() for p, b in zip(engine.module.parameters(), before)]).norm()
     return {"stage": engine.zero_optimization_stage(), "optimizer": type(engine.optimizer).__name__,
             "grad_norm": float(engine.get_global_grad_norm()), "update_norm": float(update),

@@ -166,28 +166,24 @@ def _one_logged_iteration(tensorboard_dir):
     import torch
 
     import pretrain_gpt
-    from megatron import training
-    from megatron.engine import engine_steps
     from megatron.initialize import initialize_megatron
-    from megatron.training_state import TrainingProgress
+    from megatron.training import Trainer
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         args = initialize_megatron(args_list=LOGGED + ["--tensorboard-dir", tensorboard_dir])
-        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
-    progress = TrainingProgress()
-    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
-                                                     progress, pretrain_gpt.get_batch)
-    batch = next(train_iter)
+        trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    batch = next(trainer.train_iter)
     # the gradient of this batch with plain autograd, outside the engine; its zeros counted here
-    model = engine.module
+    model = trainer.engine.module
     pretrain_gpt.forward_step(batch, model).backward()
     zeros = sum(int((p.grad == 0).sum()) for p in model.parameters())
     for p in model.parameters():
         p.grad = None
+    trainer.train_iter, trainer.valid_iters = iter([batch]), None  # that batch again, no evaluation
     with contextlib.redirect_stdout(out):
-        stop = training.train(engine_steps(engine, pretrain_gpt.forward_step, args), lr_scheduler, calculator,
-                              iter([batch]), None, progress, args)
+        stop = trainer.train()
     norm = float(torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm())
     from megatron.global_vars import close_tensorboard_writer
     close_tensorboard_writer()

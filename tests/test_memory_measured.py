@@ -1,5 +1,5 @@
 """Memory per rank: the prediction from the config (megatron/memory.py) equals, byte for byte,
-what real DeepSpeed engines built by training.setup_model_and_optimizer hold after their first
+what real DeepSpeed engines built by Trainer.setup_model_and_optimizer hold after their first
 iteration (weights, gradients at the optimizer step, optimizer state), on real gloo ranks;
 activations (an estimate) are within 5% of the bytes autograd saved for backward (in these
 configurations, with and without checkpointing, they agree to the byte; the tolerance leaves room
@@ -23,24 +23,23 @@ def _first_iteration(flags):
     import torch
     import torch.distributed as dist
     import pretrain_gpt
-    from megatron import initialize, training
+    from megatron import initialize
     from megatron.arguments import parse_args, validate_args
-    from megatron.engine import engine_steps
     from megatron.global_vars import set_args
-    from megatron.memory_measure import finish_memory_probe
+    from megatron.training import Trainer
 
     args = parse_args(args_list=FLAGS + flags)
     validate_args(args, world_size=dist.get_world_size(), cuda_available=False)
     args.rank = dist.get_rank()
     set_args(args)
     initialize._build_tokenizer(args)
-    engine, _, _ = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+    trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
     g = torch.Generator().manual_seed(args.rank)
     batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
                     for _ in range(16)])
-    engine_steps(engine, pretrain_gpt.forward_step, args).train_batch(batches)
+    trainer.steps.train_batch(batches)
     return [(rank, stage, tp, dp, predicted._asdict(), measured)
-            for rank, stage, tp, dp, predicted, measured in finish_memory_probe(args)]
+            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()]
 
 
 def _check_exact(rows):

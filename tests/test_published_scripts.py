@@ -228,23 +228,19 @@ def _one_step(config_path):
     import torch
 
     import pretrain_gpt
-    from megatron import training
-    from megatron.engine import engine_steps
     from megatron.initialize import initialize_megatron
-    from megatron.training_state import TrainingProgress
+    from megatron.training import Trainer
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         args = initialize_megatron(args_list=[str(f) for f in STEP] + (
             ["--deepspeed_config", config_path] if config_path else []))
-        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
-    progress = TrainingProgress()
-    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
-                                                     progress, pretrain_gpt.get_batch)
+        trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    engine = trainer.engine
     before = [p.detach().clone() for p in engine.module.parameters()]
     engine.train()
-    training.train_step(engine_steps(engine, pretrain_gpt.forward_step, args), lr_scheduler, calculator, train_iter,
-                        progress, args)
+    trainer.train_step()
     update = torch.stack([(p.detach() - b).norm() for p, b in zip(engine.module.parameters(), before)]).norm()
     return {"grad_norm": float(engine.get_global_grad_norm()), "update_norm": float(update),
             "lines": [ln for ln in out.getvalue().splitlines() if ln.startswith("--clip-grad")]}
@@ -284,23 +280,23 @@ def _sync_at_tp2():
     import torch
 
     import pretrain_gpt
-    from megatron import mpu, training
+    from megatron import mpu
     from megatron.initialize import initialize_megatron
-    from megatron.training_state import TrainingProgress
+    from megatron.training import Trainer
 
     with contextlib.redirect_stdout(io.StringIO()):
         args = initialize_megatron(args_list=[str(f) for f in STEP] + [
             "--tensor-model-parallel-size", "2", "--no-pipeline-parallel", "--sync-tp-duplicated-parameters",
             "--log-level", "debug", "--log-level-replica", "error"])
-        engine, _, _ = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
+        trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    engine = trainer.engine
     import logging
 
     from deepspeed.utils import logger as deepspeed_logger
     levels = {name: logger.getEffectiveLevel() for name, logger in (
         ("deepspeed", deepspeed_logger), ("megatron", logging.getLogger("megatron.training")))}
-    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
-                                                     TrainingProgress(), pretrain_gpt.get_batch)
-    tokens, (labels, mask) = next(train_iter)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    tokens, (labels, mask) = next(trainer.train_iter)
     named = dict(engine.module.named_parameters())
     duplicated = sorted(n for n, p in named.items() if not getattr(p, "tensor_model_parallel", False))
     in_sync = {n: p.detach().clone() for n, p in named.items()}
@@ -368,25 +364,22 @@ def _optimizer_states(zero_stage):
     import torch
 
     import pretrain_gpt
-    from megatron import mpu, training
-    from megatron.engine import engine_steps
+    from megatron import mpu
     from megatron.initialize import initialize_megatron
     from megatron.optimizer_states import optimizer_state_norms
-    from megatron.training_state import TrainingProgress
+    from megatron.training import Trainer
 
     argv = [str(f) for f in STEP[:STEP.index("--optimizer")] + STEP[STEP.index("--weight-decay"):]]
     argv[argv.index("--global-batch-size") + 1], argv[argv.index("--train-iters") + 1] = "4", "2"
     argv[argv.index("--lr") + 1] = "1e-2"
     with contextlib.redirect_stdout(io.StringIO()):
         args = initialize_megatron(args_list=argv + ["--zero-stage", str(zero_stage), "--no-pipeline-parallel"])
-        engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
-    progress = TrainingProgress()
-    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
-                                                     progress, pretrain_gpt.get_batch)
+        trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    engine = trainer.engine
     engine.train()
-    steps = engine_steps(engine, pretrain_gpt.forward_step, args)
     for _ in range(2):
-        training.train_step(steps, lr_scheduler, calculator, train_iter, progress, args)
+        trainer.train_step()
     values = optimizer_state_norms(engine, mpu)
     if zero_stage:
         return values
@@ -432,14 +425,13 @@ class WhoReads:
 
 
 def _loader_workers(extra):
-    from megatron import training
     from megatron.arguments import parse_args, validate_args
+    from megatron.training_data import build_data_iterators
     from megatron.training_state import TrainingProgress
 
     args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
-    args.total_iterations = 4
-    train, valid, test = training.build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
-                                                       TrainingProgress(), lambda batch: batch["text"])
+    train, valid, test = build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
+                                              TrainingProgress(), lambda batch: batch["text"], total_iterations=4)
     # validation and test come as [(group name, iterator)] (one unnamed group without split paths)
     return [int(next(it).max()) for it in (train, valid[0][1], test[0][1])]
 

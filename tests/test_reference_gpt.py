@@ -83,23 +83,20 @@ def reference_name(ours):
 def _our_trainer():
     """Our trainer as pretrain() builds it; one batch through the built model, then real steps."""
     import pretrain_gpt
-    from megatron import training
-    from megatron.engine import engine_steps
     from megatron.initialize import initialize_megatron
-    from megatron.training_state import TrainingProgress
+    from megatron.training import Trainer
 
     args = initialize_megatron(args_list=[str(f) for f in FLAGS])
-    engine, lr_scheduler, calculator = training.setup_model_and_optimizer(pretrain_gpt.model_provider, args)
-    progress = TrainingProgress()
-    train_iter, _, _ = training.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, args,
-                                                     progress, pretrain_gpt.get_batch)
+    trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    engine = trainer.engine
     module = engine.module
     initial = {name: p.detach().clone() for name, p in module.named_parameters()}
 
     micro_batches = []
 
     def recorded():
-        for batch in train_iter:
+        for batch in trainer.train_iter:
             micro_batches.append(batch)
             yield batch
     batches = recorded()
@@ -114,12 +111,11 @@ def _our_trainer():
     def replay_then_continue():  # the training steps start with the batch used above
         yield first
         yield from batches
-    steps = engine_steps(engine, pretrain_gpt.forward_step, args)
     engine.train()
     losses, norms = [], []
     data = replay_then_continue()
     for _ in range(ITERS):
-        step_loss, _ = training.train_step(steps, lr_scheduler, calculator, data, progress, args)
+        step_loss, _ = trainer.train_step(data)
         losses.append(float(step_loss))
         norms.append(float(engine.get_global_grad_norm()))
     return {"initial": initial, "logits": logits.detach().transpose(0, 1), "loss": loss.item(), "grads": grads,

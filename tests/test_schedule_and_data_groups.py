@@ -71,13 +71,12 @@ def _runs(runs):
     """Each (name, argv, kill switch path): pretrain_gpt.main in this process; what the driver saw."""
     os.environ["DRIVER_RECORD_BATCHES"] = "1"
     import pretrain_driver
-    import pretrain_gpt
     out = {}
     for name, argv in runs:
         for key in ("losses", "lrs", "tokens"):
             pretrain_driver.state[key] = {}
         pretrain_driver.state["samples"], pretrain_driver.state["evaluations"] = [], []
-        _, progress = pretrain_gpt.main([str(a) for a in argv])
+        _, progress = pretrain_driver.run([str(a) for a in argv])
         out[name] = {key: pretrain_driver.state[key] for key in ("losses", "lrs", "tokens", "samples", "evaluations")}
         out[name]["iteration"] = progress.iteration
     return out

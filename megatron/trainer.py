@@ -1,0 +1,370 @@
+"""The Trainer: one run's engine, LR scheduler, batch calculator, progress, parameter counts,
+metrics and checkpointing, and the loop that trains, evaluates, saves and exits
+(megatron.training.pretrain builds one and runs it).
+
+Model size and FLOPs per sample are computed once in Trainer.setup_model_and_optimizer (see
+megatron/utils.py); the logger only reads them.
+"""
+import os
+import time
+from argparse import Namespace
+from collections.abc import Callable, Iterator
+
+import deepspeed
+import torch
+
+from megatron import mpu, print_rank_0
+from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
+from megatron.engine import current_loss_scale, engine_steps
+from megatron.global_vars import close_tensorboard_writer, get_timers
+from megatron.grad_stats import ZeroCounter, params_norm
+from megatron.learning_rates import AnnealingLR, schedule_lengths
+from megatron.memory_measure import finish_memory_probe, startup_report
+from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
+from megatron.model.analytic import gigaflos_no_embeds
+from megatron.model.moe import pop_moe_loss
+from megatron.mpu.tp_sync import install_tp_duplicate_sync
+from megatron.optimizer import build_optimizer, uses_own_clipping
+from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
+from megatron.skip_iterations import skip_iteration, skipped_range
+from megatron.training_data import build_data_iterators
+from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
+from megatron.training_state import TrainingProgress
+from megatron.utils import (cache_parameter_counts, check_parameter_counts, compute_parameter_counts,
+                            format_parameter_report)
+
+
+class TrainerHooks:
+    """What a Trainer reports while it runs, for tests and tools that watch a run without rewiring
+    it. Every method is a no-op here: subclass, override what you need, pass it as `hooks=`."""
+
+    def on_parameter_counts(self, trainer: "Trainer", counts) -> None:
+        """Each time the run counts its parameters (once, at build)."""
+
+    def on_build(self, trainer: "Trainer") -> None:
+        """Once the engine, scheduler and batch calculator are built, before --load."""
+
+    def on_load(self, trainer: "Trainer") -> None:
+        """After --load restored the engine, the scheduler and the progress."""
+
+    def on_batch(self, trainer: "Trainer", data: dict) -> None:
+        """Every batch a data loader hands over (any split), before batch_fn."""
+
+    def on_step_start(self, trainer: "Trainer") -> None:
+        """Before each training iteration (trainer.progress.iteration is the last finished one)."""
+
+    def on_step_end(self, trainer: "Trainer", loss: torch.Tensor) -> None:
+        """After each training iteration, with its loss as the engine returned it."""
+
+    def on_log_start(self, trainer: "Trainer", stats: IntervalStats, lr: float) -> None:
+        """Right before the iteration's log line is written (what it averages: `stats`)."""
+
+    def on_log_end(self, trainer: "Trainer") -> None:
+        """Right after the log line (also when writing it failed)."""
+
+    def on_evaluate(self, trainer: "Trainer", prefix: str, name: str | None, loss: float) -> None:
+        """Each evaluation's mean loss, before its line; `name`: the data group, if any."""
+
+
+class Trainer:
+    """One run: owns the engine, the LR scheduler, the batch-size calculator, the progress, the
+    parameter counts, the metrics (interval stats, MFU peak, memory probe, zeros in grad) and
+    checkpointing; each part decides when it acts (`_should_log`, `_should_evaluate`, ...).
+    Built from the functions pretrain() takes; `run()` is what pretrain() does after startup."""
+
+    def __init__(self, args: Namespace, model_provider: Callable, forward_step_func: Callable,
+                 hooks: TrainerHooks | None = None, start_time: float | None = None) -> None:
+        self.args = args
+        self.hooks = hooks or TrainerHooks()
+        self.start_time = time.time() if start_time is None else start_time
+        self.progress = TrainingProgress()
+        self.total_iterations = num_train_iterations(args)  # the log line's denominator
+        self.train_iter: Iterator | None = None
+        self.valid_iters = self.test_iters = None  # [(group name, iterator)] or None
+        self.memory_measured = None  # after the first iteration (see measure_memory)
+        self.setup_model_and_optimizer(model_provider)
+        self.steps = engine_steps(self.engine, forward_step_func, args)
+
+    # --- build ---------------------------------------------------------------------------------
+
+    def setup_model_and_optimizer(self, model_provider: Callable) -> None:
+        args = self.args
+        model = model_provider(args)
+        if args.sync_tp_duplicated_parameters:
+            install_tp_duplicate_sync(model, mpu)
+        # the one and only parameter count of the run
+        self.counts = compute_parameter_counts(model, mpu, args.model_shape)  # stops on a parameter the table lacks
+        self.hooks.on_parameter_counts(self, self.counts)
+        check_parameter_counts(self.counts, args.model_shape)  # stops on a count that differs from the table's
+        cache_parameter_counts(args, self.counts)
+        report = format_parameter_report(self.counts, args.model_shape, args.data_parallel_size,
+                                         args.checkpoint_activations, args.activations_checkpoint_method,
+                                         args.checkpoint_num_layers)
+        for line in report:
+            print_rank_0(line)
+        log_model_size(args, report)
+
+        optimizer = build_optimizer(model, args)
+        # --log-num-zeros-in-grad: counted in a pre-step hook (after the clipping hook)
+        self.zero_counter = ZeroCounter(optimizer, model, mpu) if args.log_num_zeros_in_grad else None
+        self.calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
+                                                    args.data_parallel_size, args.rampup_batch_size)
+        self.lr_scheduler = _build_lr_scheduler(optimizer, args)
+        config = dict(args.deepspeed_config_dict)
+        if uses_own_clipping(args):
+            config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                               mpu=None if args.ds_pipeline_enabled else mpu)
+        if args.data_parallel_size == 1 and uses_own_clipping(args) and not args.model_shape.is_moe:
+            # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
+            # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
+            engine.enable_backward_allreduce = False             # DeepSpeedEngine.backward
+            engine.pipeline_enable_backward_allreduce = False    # PipelineEngine's ReduceGrads
+        if args.model_shape.is_moe:
+            # every pipeline stage takes DeepSpeed's MoE checkpoint path, also one without an MoE layer:
+            # its per-layer path would end the load with a tied-weight broadcast the others never join
+            engine.has_moe_layers = True
+        self.engine = engine
+        self.lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
+        # predicted memory per rank, MFU peak; arms the first iteration's measurement
+        self.memory_probe = startup_report(engine, args)
+        self.lr_scheduler.step(0)
+        self.hooks.on_build(self)
+
+    def load(self) -> object:
+        """--load: the engine, scheduler and progress as saved; returns the saved RNG state."""
+        rng_state = load_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        self.hooks.on_load(self)
+        return rng_state
+
+    def build_data_iterators(self, dataset_provider: Callable, batch_fn: Callable) -> None:
+        """The splits' iterators, from where the progress stands (megatron/training_data.py)."""
+        def watched(data):
+            self.hooks.on_batch(self, data)
+            return batch_fn(data)
+        self.train_iter, self.valid_iters, self.test_iters = build_data_iterators(
+            dataset_provider, self.args, self.progress, watched, self.total_iterations)
+
+    def run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
+        """Load, build the data, train, then the end-of-run evaluation and save (or the exit save).
+        Returns why training stopped (see `train`)."""
+        args, progress = self.args, self.progress
+        rng_state = self.load() if args.load else None
+        self.calculator.update(progress.consumed_train_samples)
+        self.engine.set_train_batch_size(self.calculator.get_current_global_batch_size())
+        self.build_data_iterators(dataset_provider, batch_fn)
+        if rng_state is not None:  # last: nothing in setup may draw from the RNG after this
+            set_rng_state(rng_state)
+        print_rank_0(f"time to initialize and build (s): {time.time() - self.start_time:.2f}")
+        stop = "finished"
+        if args.train_iters is None or progress.iteration < args.train_iters:
+            stop = self.train()
+        self.finish(stop)
+        return stop
+
+    # --- train ---------------------------------------------------------------------------------
+
+    def train_step(self, data_iterator: Iterator | None = None) -> tuple[torch.Tensor, int]:
+        """One iteration: the batch through the engine, then the bookkeeping that follows from it.
+        Returns the loss (a tensor: no host sync here) and the global batch it was computed on.
+
+        An fp16 step whose gradients overflowed updates nothing: the LR schedule does not advance and
+        the step is counted as skipped. Its samples were consumed and its compute spent, so consumed
+        samples and gigaflos advance as for any other iteration (as in Megatron-DeepSpeed)."""
+        args, progress, calculator = self.args, self.progress, self.calculator
+        self.hooks.on_step_start(self)
+        gbs = calculator.get_current_global_batch_size()
+        loss = self.steps.train_batch(self.train_iter if data_iterator is None else data_iterator)
+        if self.engine.was_step_applied():
+            self.lr_scheduler.step(gbs)
+        else:
+            progress.skipped_iterations += 1
+        progress.iteration += 1
+        progress.consumed_train_samples += gbs
+        progress.consumed_train_tokens += gbs * args.seq_length
+        # C = 6 N D with N the parameters a token passes through (the active ones of an MoE model)
+        progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, args.seq_length, args.parameters_active_no_embedding)
+        calculator.update(progress.consumed_train_samples)
+        self._follow_batch_size(gbs)
+        self.hooks.on_step_end(self, loss)
+        return loss, gbs
+
+    def _follow_batch_size(self, gbs: int) -> None:
+        """--rampup-batch-size: the engine takes the calculator's new global batch."""
+        if self.calculator.get_current_global_batch_size() != gbs:
+            self.engine.set_train_batch_size(self.calculator.get_current_global_batch_size())
+
+    def train(self) -> str:
+        """Trains until the schedule ends ("finished") or an exit flag fires ("exit-interval",
+        "exit-duration", "kill-switch": the file appeared); returns which."""
+        timers = get_timers()
+        self.engine.train()
+        stats = IntervalStats()
+        start_time = time.time()
+        announced = set()
+        while True:
+            if self._schedule_done():
+                return "finished"
+            if self._skip_iteration(announced):
+                continue
+            # the interval time covers training steps only, not evaluation or checkpoint saves
+            timers("interval-time").start()
+            loss, gbs = self.train_step()
+            timers("interval-time").stop()
+            stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss())
+            self.measure_memory()  # once, after the first iteration: measured vs predicted memory
+            if self._should_log():
+                self.log(stats, timers("interval-time").elapsed(), gbs)
+                stats = IntervalStats()
+            if self._should_evaluate():
+                self.validate(f"iteration {self.progress.iteration}")
+            if self._should_save():
+                self.save()
+            stop = self._should_exit(start_time)
+            if stop:
+                return stop
+
+    def _schedule_done(self) -> bool:
+        args, progress = self.args, self.progress
+        return ((args.train_iters is not None and progress.iteration >= args.train_iters)
+                or (args.train_samples is not None and progress.consumed_train_samples >= args.train_samples)
+                or (args.train_tokens is not None and progress.consumed_train_tokens >= args.train_tokens))
+
+    def _skip_iteration(self, announced: set) -> bool:
+        """--skip-train-iteration-range: read and drop this iteration's batches
+        (megatron/skip_iterations.py); True when this iteration was skipped."""
+        skipped = skipped_range(self.args.skip_train_iteration_range, self.progress.iteration + 1)
+        if not skipped:
+            return False
+        if skipped not in announced:
+            announced.add(skipped)
+            print_rank_0(f"skipping iterations {self.progress.iteration + 1} to {skipped[1]} "
+                         f"(--skip-train-iteration-range)")
+        gbs = self.calculator.get_current_global_batch_size()
+        skip_iteration(self.calculator, self.train_iter, self.progress, self.args.seq_length)
+        self._follow_batch_size(gbs)
+        return True
+
+    def _should_log(self) -> bool:
+        return self.progress.iteration % self.args.log_interval == 0
+
+    def _should_evaluate(self) -> bool:
+        args = self.args
+        return (self.valid_iters is not None and bool(args.eval_interval)
+                and self.progress.iteration % args.eval_interval == 0 and args.eval_iters > 0)
+
+    def _should_save(self) -> bool:
+        args = self.args
+        return bool(args.save and args.save_interval) and self.progress.iteration % args.save_interval == 0
+
+    def _should_exit(self, start_time: float) -> str | None:
+        args = self.args
+        if args.exit_interval and self.progress.iteration % args.exit_interval == 0:
+            return "exit-interval"
+        late, killed = exit_signals(start_time, args)
+        if killed:
+            print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
+            return "kill-switch"
+        return "exit-duration" if late else None
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def log(self, stats: IntervalStats, elapsed: float, global_batch_size: int) -> None:
+        """The iteration's log line and scalars, over the iterations `stats` adds up."""
+        args, engine = self.args, self.engine
+        lr = self.lr_scheduler.get_lr()
+        values = dict(lr=lr, grad_norm=engine.get_global_grad_norm(), loss_scale=current_loss_scale(engine),
+                      global_batch_size=global_batch_size, total_iterations=self.total_iterations,
+                      params_norm=params_norm(engine.module, mpu) if args.log_params_norm else None,
+                      num_zeros=self.zero_counter.last if self.zero_counter else None)
+        self.hooks.on_log_start(self, stats, lr)
+        try:
+            training_log(stats, elapsed, self.progress, args, **values)
+        finally:
+            self.hooks.on_log_end(self)
+        if args.log_optimizer_states_to_tensorboard:
+            log_optimizer_states(optimizer_state_norms(engine, mpu), self.progress, args)
+
+    def measure_memory(self) -> list | None:
+        """Once, after the first iteration: every rank measures what it holds, the last rank prints
+        it next to the prediction (megatron/memory_measure.py). Later calls do nothing."""
+        if self.memory_probe is not None:
+            probe, self.memory_probe = self.memory_probe, None
+            self.memory_measured = finish_memory_probe(probe, self.args)
+        return self.memory_measured
+
+    # --- evaluate ------------------------------------------------------------------------------
+
+    def evaluate(self, data_iterator: Iterator) -> tuple[float, int]:
+        """Mean loss over --eval-iters batches of the current global batch size, and the samples read."""
+        eval_iters = self.args.eval_iters
+        self.engine.eval()
+        total = 0.0
+        for _ in range(eval_iters):
+            total += float(self.steps.eval_batch(data_iterator))
+        self.engine.train()
+        return total / eval_iters, eval_iters * self.calculator.get_current_global_batch_size()
+
+    def validate(self, prefix: str) -> None:
+        """Evaluate on the validation split (each group of --valid-weighted-split-paths on its own,
+        logged under its name); the samples read from each move the saved validation position."""
+        for name, valid_iter in self.valid_iters:
+            loss, samples = self.evaluate(valid_iter)
+            self._log_evaluation(prefix, loss, name)
+        self.progress.consumed_valid_samples += samples
+
+    def _log_evaluation(self, prefix: str, loss: float, name: str | None, tensorboard: bool = True) -> None:
+        self.hooks.on_evaluate(self, prefix, name, loss)
+        evaluation_log(prefix, loss, self.progress, self.args, tensorboard=tensorboard, name=name)
+
+    # --- checkpoint and end --------------------------------------------------------------------
+
+    def save(self) -> None:
+        save_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+
+    def finish(self, stop: str) -> None:
+        """After training: the final validation, save and test evaluation of a finished run, or the
+        save and message of an exit flag, as Megatron does; then the TensorBoard writer closes."""
+        args, progress = self.args, self.progress
+        unsaved = args.save and progress.last_saved_iteration != progress.iteration
+        if stop == "finished":
+            if self.valid_iters is not None and args.eval_iters > 0:
+                self.validate("the end of training for val data")
+            if unsaved and progress.iteration > 0:
+                self.save()
+            for name, test_iter in self.test_iters if self.test_iters is not None and args.eval_iters > 0 else []:
+                loss, _ = self.evaluate(test_iter)
+                self._log_evaluation("the end of training for test data", loss, name, tensorboard=False)
+        else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path: save and leave
+            if unsaved:
+                self.save()
+            torch.distributed.barrier()
+            print_rank_0(f"exiting program at iteration {progress.iteration}")
+        close_tensorboard_writer()
+
+
+def _build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Namespace) -> AnnealingLR:
+    """Schedule lengths in samples (iteration-based flags converted with the global batch), or in
+    tokens where --lr-warmup-tokens / --lr-decay-tokens give them."""
+    (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+    return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style,
+                       tokens_per_sample=args.seq_length, warmup_tokens=warmup_tokens, decay_tokens=decay_tokens,
+                       use_checkpoint_scheduler=args.use_checkpoint_opt_param_scheduler,
+                       override_scheduler=args.override_opt_param_scheduler)
+
+
+def exit_signals(start_time: float, args: Namespace) -> tuple[bool, bool]:
+    """(out of time, kill switch), decided together: one MAX all-reduce of both flags, so one rank
+    past --exit-duration-in-mins, or one rank that sees the --kill-switch-path file, stops every rank
+    after the same iteration (a rank alone in the exit save's barrier would hang the job). No
+    collective when neither flag is given; with either, this is the iteration's one extra collective
+    (two floats; a file stat per rank)."""
+    kill_switch = getattr(args, "kill_switch_path", None)
+    if not args.exit_duration_in_mins and not kill_switch:
+        return False, False
+    late = bool(args.exit_duration_in_mins) and time.time() - start_time > 60 * args.exit_duration_in_mins
+    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch))])
+    if torch.cuda.is_available():
+        flags = flags.cuda()
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    return bool(flags[0].item()), bool(flags[1].item())
