@@ -12,19 +12,14 @@ import math
 import torch
 import torch.distributed as dist
 
+from megatron.deepspeed_internals import state_partitioned_over_data_parallel, torch_optimizer_of
+
 NAMES = ("variance", "variance_sqrt", "momentum", "weight")
-
-
-def _inner_optimizer(optimizer):
-    """The torch optimizer inside DeepSpeed's wrappers (its state is keyed by the fp32 tensors)."""
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
 
 
 def optimizer_state_norms(engine, mpu):
     """{name: value} on every rank (collectives over TP, PP and, if partitioned, DP); {} for SGD."""
-    inner = _inner_optimizer(engine.optimizer)
+    inner = torch_optimizer_of(engine.optimizer)
     l2, l1, peak = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), torch.zeros(4)
     found = torch.zeros(1)
     for group in inner.param_groups:
@@ -38,7 +33,7 @@ def optimizer_state_norms(engine, mpu):
                 l2[i] += float(t.norm()) ** 2
                 l1[i] += float(t.norm(p=1))
                 peak[i] = max(float(peak[i]), float(t.abs().max()) if t.numel() else 0.0)
-    partitioned = engine.zero_optimization_stage() > 0 or type(engine.optimizer).__name__ == "BF16_Optimizer"
+    partitioned = state_partitioned_over_data_parallel(engine)
     groups = [mpu.get_model_parallel_group()] + ([mpu.get_data_parallel_group()] if partitioned else [])
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     sums, maxes = torch.cat([l2, l1]).to(device), torch.cat([peak, found]).to(device)

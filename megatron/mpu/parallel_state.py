@@ -5,7 +5,8 @@ where (axes pipe, data, model; model varies fastest), so the groups built here a
 ones DeepSpeed's pipeline grid builds from the same topology object.
 """
 import torch.distributed as dist
-from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from megatron.deepspeed_internals import pipe_model_data_parallel_topology
 
 __all__ = [
     "initialize_model_parallel",
@@ -40,7 +41,7 @@ def initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_paral
     rank = dist.get_rank()
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     assert world_size % (tp * pp) == 0, "validated in arguments.py"
-    topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world_size // (tp * pp))
+    topo = pipe_model_data_parallel_topology(num_pp=pp, num_mp=tp, num_dp=world_size // (tp * pp))
 
     def _mine(lists):
         found = None
