@@ -46,7 +46,7 @@ def per_call_seconds(fn, calls):
 
 def measure(layers, hidden, a):
     """One table row: a trainer of this size, its iteration time, and both logging paths."""
-    from megatron.engine import current_loss_scale
+    from megatron.deepspeed_internals import current_loss_scale
     from megatron.training_log import IntervalStats, training_log
 
     torch.set_num_threads(a.threads)
