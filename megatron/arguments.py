@@ -662,11 +662,11 @@ def _check_with_deepspeed(config, where, args):
     given ds_config alone decides the clipping (its `gradient_clipping`, else DeepSpeed's default);
     a different --clip-grad is reported, not used: the same script trains the same way here."""
     import deepspeed
-    from deepspeed.runtime.config import DeepSpeedConfig
+    from megatron.deepspeed_internals import parsed_gradient_clipping
     # the batch keys depend on the world size, which DeepSpeed cannot see yet (they are checked above)
     probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
     try:
-        clip = float(DeepSpeedConfig(probe).gradient_clipping)
+        clip = parsed_gradient_clipping(probe)
     except Exception as e:  # DeepSpeedConfigError, pydantic's ValidationError, a bad value's own error
         errors = getattr(e, "errors", None)
         detail = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors()) if errors \

@@ -58,13 +58,3 @@ class ModuleSteps:
 def engine_steps(engine, forward_step_func, args):
     return PipelineSteps(engine) if args.ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
 
-
-def current_loss_scale(engine):
-    """The dynamic (or static) loss scale of an fp16 run; None otherwise (bf16 and fp32 runs
-    scale nothing, although DeepSpeed's ZeRO optimizer keeps a static 1.0)."""
-    if not engine.fp16_enabled():
-        return None
-    optimizer = engine.optimizer
-    if hasattr(optimizer, "loss_scale_config"):
-        return optimizer.loss_scale_config.cur_scale
-    return getattr(optimizer, "cur_scale", None)

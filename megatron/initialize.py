@@ -29,13 +29,15 @@ def disable_deepspeed_shm_comm():
     """On CPU, DeepSpeed all-reduces through a JIT-compiled shared-memory op whose buffers stay in
     /dev/shm after the run (gigabytes per run, until the machine runs out of memory). gloo's own
     all-reduce does the same job and leaves nothing behind."""
-    import deepspeed.ops
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    from megatron.deepspeed_internals import disable_shm_comm_op
+    disable_shm_comm_op()
 
 
 def _initialize_distributed(args):
     import deepspeed
     from deepspeed.accelerator import get_accelerator
+
+    from megatron.deepspeed_internals import check_deepspeed_version
 
     if not torch.cuda.is_available():
         disable_deepspeed_shm_comm()
@@ -49,6 +51,7 @@ def _initialize_distributed(args):
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    check_deepspeed_version()  # one line on rank 0 outside the tested releases
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
     mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)

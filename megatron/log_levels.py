@@ -13,8 +13,8 @@ def apply_log_levels(args: Namespace, rank: int) -> None:
     name = args.log_level if rank == 0 else args.log_level_replica
     if name is None:
         return
-    from deepspeed.utils import logger as deepspeed_logger
-    loggers = [logging.getLogger("megatron"), deepspeed_logger]
+    from megatron.deepspeed_internals import deepspeed_logger
+    loggers = [logging.getLogger("megatron"), deepspeed_logger()]
     if "transformers" in sys.modules:
         loggers.append(logging.getLogger("transformers"))
     for logger in loggers:

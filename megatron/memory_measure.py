@@ -19,6 +19,7 @@ a static --loss-scale, to check it).
 import torch
 
 from megatron import mpu, print_rank_last
+from megatron.deepspeed_internals import basic_optimizer, call_once_before_step, gradient_holders
 from megatron.memory import TrainingSetup, format_memory_report, predict_memory
 
 FIELDS = ("weights", "gradients", "optimizer", "activations")
@@ -129,33 +130,19 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats()
         else:
             self.saved = SavedTensorPeak(self.weight_ptrs).__enter__()
-        self._arm_step(engine.optimizer)
-
-    def _arm_step(self, optimizer):
-        """Snapshot the gradients when the optimizer's step() is entered, once."""
-        original, shadowed = optimizer.step, "step" in vars(optimizer)
-
-        def step(*a, **kw):
-            if shadowed:
-                optimizer.step = original
-            else:
-                del optimizer.step  # the class's method again
-            self._snapshot_gradients(optimizer)
-            return original(*a, **kw)
-        optimizer.step = step
+        # snapshot the gradients when the optimizer's step() is entered, once
+        call_once_before_step(engine.optimizer, self._snapshot_gradients)
 
     def _snapshot_gradients(self, optimizer):
         tensors = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if optimizer is not getattr(self.engine, "basic_optimizer", optimizer):  # a DeepSpeed wrapper
-            for name, value in vars(optimizer).items():
-                if "grad" in name:
-                    tensors += list(_tensors_in(value))
+        for value in gradient_holders(self.engine, optimizer):  # a DeepSpeed wrapper's buffers
+            tensors += list(_tensors_in(value))
         self.gradients, _ = _unique_bytes(tensors, self.weight_ptrs)
 
     def measure(self) -> dict[str, int]:
         if self.saved is not None:
             self.saved.__exit__(None, None, None)
-        basic = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        basic = basic_optimizer(self.engine)
         tensors = [p for g in basic.param_groups for p in g["params"]]
         tensors += [t for state in basic.state.values() for t in _tensors_in(state)]
         # 0-dim tensors count here: AdamW's per-parameter `step`
@@ -183,7 +170,7 @@ def start_memory_probe(engine, setup: TrainingSetup) -> MemoryProbe:
 
 def training_setup(args, engine) -> TrainingSetup:
     """The setup the prediction needs; fused Adam is read off the optimizer the engine got."""
-    basic = getattr(engine, "basic_optimizer", None) or engine.optimizer
+    basic = basic_optimizer(engine)
     return TrainingSetup.from_args(args, fused_adam=type(basic).__name__ == "FusedAdam")
 
 

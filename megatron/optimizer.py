@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from megatron import mpu
+from megatron.deepspeed_internals import set_global_grad_norm, split_moe_param_groups
 from megatron.utils import is_owned_parameter, moe_parameter_owner
 
 
@@ -24,8 +25,7 @@ def build_optimizer(model: torch.nn.Module, args: Namespace) -> torch.optim.Opti
               {"name": "no_decay", "params": no_decay, "weight_decay": 0.0}]
     if getattr(args, "create_moe_param_group", False):
         # the experts in groups of their own, marked `moe` (DeepSpeed's ZeRO / bf16 optimizers need it)
-        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-        groups = split_params_into_different_moe_groups_for_optimizer(groups)
+        groups = split_moe_param_groups(groups)
     if args.optimizer == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.sgd_momentum)
     else:
@@ -80,6 +80,6 @@ def install_gradient_clipping(optimizer: torch.optim.Optimizer, max_norm: float,
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(coef.to(p.grad.device))
-        opt._global_grad_norm = norm  # DeepSpeed's engine reports this as get_global_grad_norm()
+        set_global_grad_norm(opt, norm)  # DeepSpeed's engine reports it as get_global_grad_norm()
 
     optimizer.register_step_pre_hook(clip)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from argparse import Namespace
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+from megatron.deepspeed_internals import state_partitioned_over_data_parallel, torch_optimizer_of
 
 if TYPE_CHECKING:  # annotations only
     from deepspeed import DeepSpeedEngine
@@ -25,16 +27,9 @@ if TYPE_CHECKING:  # annotations only
 NAMES = ("variance", "variance_sqrt", "momentum", "weight")
 
 
-def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside DeepSpeed's wrappers (its state is keyed by the fp32 tensors)."""
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
-
-
 def optimizer_state_norms(engine: DeepSpeedEngine, mpu: ModuleType) -> dict[str, float]:
     """{name: value} on every rank (collectives over TP, PP and, if partitioned, DP); {} for SGD."""
-    inner = _inner_optimizer(engine.optimizer)
+    inner = torch_optimizer_of(engine.optimizer)
     l2, l1, peak = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), torch.zeros(4)
     found = torch.zeros(1)
     for group in inner.param_groups:
@@ -48,7 +43,7 @@ def optimizer_state_norms(engine: DeepSpeedEngine, mpu: ModuleType) -> dict[str,
                 l2[i] += float(t.norm()) ** 2
                 l1[i] += float(t.norm(p=1))
                 peak[i] = max(float(peak[i]), float(t.abs().max()) if t.numel() else 0.0)
-    partitioned = engine.zero_optimization_stage() > 0 or type(engine.optimizer).__name__ == "BF16_Optimizer"
+    partitioned = state_partitioned_over_data_parallel(engine)
     groups = [mpu.get_model_parallel_group()] + ([mpu.get_data_parallel_group()] if partitioned else [])
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     sums, maxes = torch.cat([l2, l1]).to(device), torch.cat([peak, found]).to(device)

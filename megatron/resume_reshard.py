@@ -7,7 +7,7 @@ its own slice (megatron/checkpoint_reshard.py): the fp32 master weights (the wei
 in plain fp32; DeepSpeed's flat DP partitions with fp16 / bf16 / ZeRO, see
 megatron/checkpoint_zero_state.py), Adam's moments and step. They go into this run's optimizer as
 it holds them: the torch optimizer's per-parameter state, or DeepSpeed's flat partitions of this
-DP rank (megatron/ds_optimizer_state.py), from which the low-precision weights are refreshed.
+DP rank (megatron/deepspeed_internals.py), from which the low-precision weights are refreshed.
 Iteration, consumed samples (the data position), gigaflos and the LR schedule are layout-free
 client state and carry over as they are. RNG states are per TP / PP rank and do not: the run
 reseeds from --seed (dropout masks differ from the original layout's, as they would anyway).
@@ -149,7 +149,7 @@ def _cut(value, spec, tp, tp_rank):
 def load_resharded(engine, args):
     """Fills this rank's module and optimizer from the saved checkpoint of another layout;
     returns (path, client state) as engine.load_checkpoint does, without the RNG state."""
-    from megatron.ds_optimizer_state import holds_flat_partitions, write_flat_state
+    from megatron.deepspeed_internals import holds_flat_partitions, set_progress_counters, write_flat_state
     load_dir, iteration = args.reshard_source
     source = Checkpoint(load_dir, iteration)
     shape = args.model_shape
@@ -186,7 +186,7 @@ def load_resharded(engine, args):
             write_flat_state(engine, local, with_optimizer)
             if args.fp16 and with_optimizer and flat_source:
                 from megatron.checkpoint_zero_state import read_loss_scaler
-                from megatron.ds_optimizer_state import set_loss_scaler
+                from megatron.deepspeed_internals import set_loss_scaler
                 set_loss_scaler(engine, read_loss_scaler(source))
         elif with_optimizer:  # the torch optimizer updates the module's own fp32 parameters
             for group in engine.optimizer.param_groups:
@@ -196,8 +196,8 @@ def load_resharded(engine, args):
                         engine.optimizer.state[p] = {**moments, "step": _cut(step, None, 1, 0)}
     client_state = source.client_state()
     # DeepSpeed's own counters, as engine.load_checkpoint sets them
-    engine.global_steps = client_state.get("global_steps", saved_progress(client_state)["iteration"])
-    engine.global_samples = client_state.get("global_samples", engine.global_samples)
-    engine.skipped_steps = client_state.get("skipped_steps", 0)
+    set_progress_counters(engine, client_state.get("global_steps", saved_progress(client_state)["iteration"]),
+                          client_state.get("global_samples", engine.global_samples),
+                          client_state.get("skipped_steps", 0))
     client_state.pop("rng_state", None)
     return source.step_dir, client_state

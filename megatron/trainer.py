@@ -15,7 +15,8 @@ import torch
 
 from megatron import mpu, print_rank_0
 from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
-from megatron.engine import current_loss_scale, engine_steps
+from megatron.deepspeed_internals import current_loss_scale, save_and_load_as_moe, skip_gradient_allreduce
+from megatron.engine import engine_steps
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.grad_stats import ZeroCounter, params_norm
 from megatron.learning_rates import AnnealingLR, schedule_lengths
@@ -118,12 +119,11 @@ class Trainer:
         if args.data_parallel_size == 1 and uses_own_clipping(args) and not args.model_shape.is_moe:
             # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
             # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
-            engine.enable_backward_allreduce = False             # DeepSpeedEngine.backward
-            engine.pipeline_enable_backward_allreduce = False    # PipelineEngine's ReduceGrads
+            skip_gradient_allreduce(engine)  # DeepSpeedEngine.backward, PipelineEngine's ReduceGrads
         if args.model_shape.is_moe:
             # every pipeline stage takes DeepSpeed's MoE checkpoint path, also one without an MoE layer:
             # its per-layer path would end the load with a tied-weight broadcast the others never join
-            engine.has_moe_layers = True
+            save_and_load_as_moe(engine)
         self.engine = engine
         self.lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
         # predicted memory per rank, MFU peak; arms the first iteration's measurement

@@ -51,7 +51,8 @@ def _pattern(spec, shape, pipeline):
 
 
 def universal_checkpoint_info(shape, pipeline):
-    from deepspeed.checkpoint import constants as c
+    from megatron.deepspeed_internals import universal_checkpoint_constants
+    c = universal_checkpoint_constants()
     specs = parameter_table(shape)
     replicated = sorted({_pattern(s, shape, pipeline) for s in specs if s.partition_dim is None})
     row_parallel = sorted({_pattern(s, shape, pipeline) for s in specs if s.partition_dim == 1})
@@ -69,7 +70,8 @@ def universal_checkpoint_info(shape, pipeline):
 def attach_universal_checkpoint_info(engine, args):
     """Before engine.save_checkpoint: DeepSpeed writes the module attribute into every
     mp_rank_*_model_states.pt (client_state cannot carry it for MoE models)."""
-    from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+    from megatron.deepspeed_internals import universal_checkpoint_constants
+    UNIVERSAL_CHECKPOINT_INFO = universal_checkpoint_constants().UNIVERSAL_CHECKPOINT_INFO
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO,
                 universal_checkpoint_info(args.model_shape, args.ds_pipeline_enabled))

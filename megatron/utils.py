@@ -169,19 +169,18 @@ def is_moe_model(model):
 
 def moe_parameter_owner(model, mpu):
     """owned(param) for an MoE model on this rank (the rule above); None for a dense model."""
-    from deepspeed.moe.utils import is_moe_param
-    from deepspeed.utils import groups
+    from megatron.deepspeed_internals import expert_data_parallel_rank, is_expert_parameter
 
     if not is_moe_model(model):
         return None
     layers = _moe_layers(model)
     tp_rank, dp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()
     expert_tp = bool(layers) and layers[0].enable_expert_tensor_parallelism
-    edp_rank = {layer.expert_group_name: groups._get_expert_data_parallel_rank(layer.expert_group_name)
+    edp_rank = {layer.expert_group_name: expert_data_parallel_rank(layer.expert_group_name)
                 for layer in layers}
 
     def owned(param):
-        if is_moe_param(param):
+        if is_expert_parameter(param):
             tp_owned = not expert_tp or tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
             return edp_rank[param.group_name] == 0 and tp_owned
         return dp_rank == 0 and is_owned_parameter(param, tp_rank)

@@ -7,7 +7,8 @@ ones DeepSpeed's pipeline grid builds from the same topology object.
 from typing import Any
 
 import torch.distributed as dist
-from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from megatron.deepspeed_internals import pipe_model_data_parallel_topology
 
 __all__ = [
     "initialize_model_parallel",
@@ -27,7 +28,7 @@ __all__ = [
     "get_model_parallel_rank",
 ]
 
-_TOPOLOGY: PipeModelDataParallelTopology | None = None
+_TOPOLOGY: Any = None  # DeepSpeed's PipeModelDataParallelTopology (see deepspeed_internals)
 _TP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other slices of the same layers
 _PP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other stages of the same TP slice
 _DP_GROUP: dist.ProcessGroup | None = None  # replicas of the same (stage, slice)
@@ -42,7 +43,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     rank = dist.get_rank()
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     assert world_size % (tp * pp) == 0, "validated in arguments.py"
-    topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world_size // (tp * pp))
+    topo = pipe_model_data_parallel_topology(num_pp=pp, num_mp=tp, num_dp=world_size // (tp * pp))
 
     def _mine(lists):
         found = None
@@ -59,7 +60,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     _TOPOLOGY = topo
 
 
-def get_topology() -> PipeModelDataParallelTopology | None:
+def get_topology() -> Any:
     return _TOPOLOGY
 
 
