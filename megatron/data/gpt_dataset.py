@@ -7,6 +7,8 @@ import time
 import numpy as np
 import torch
 
+from megatron.atomic_write import AtomicFile
+
 from . import helpers
 from .blendable_dataset import BlendableDataset
 from .indexed_dataset import make_dataset
@@ -134,14 +136,6 @@ def _index_fingerprint(documents, sizes):
     return digest.hexdigest()
 
 
-def _save_atomic(path, array):
-    # A reader never sees a half-written .npy, even if this process dies.
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 def _build_index_mappings(name, data_prefix, documents, sizes, num_samples, seq_length, seed):
     """doc_idx, sample_idx, shuffle_idx for num_samples samples, cached as .npy next to the data.
 
@@ -178,7 +172,8 @@ def _build_index_mappings(name, data_prefix, documents, sizes, num_samples, seq_
         total = sample_idx.shape[0] - 1
         shuffle_idx = helpers.build_shuffle_idx(num_samples_from_full_epochs if separate_last_epoch else total, total, np_rng)
         for key, array in (("doc_idx", doc_idx), ("sample_idx", sample_idx), ("shuffle_idx", shuffle_idx)):
-            _save_atomic(paths[key], array)
+            with AtomicFile(paths[key], "wb") as f:  # a reader never sees a half-written .npy
+                np.save(f, array, allow_pickle=False)
         print(f" > built {name} index for {data_prefix}: {total} samples over {num_epochs} epoch(s) in {time.time() - start:.2f} s", flush=True)
 
     if torch.distributed.is_initialized():
