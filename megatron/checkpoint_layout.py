@@ -123,11 +123,13 @@ class CheckpointLayout:
         return self.num_experts is not None
 
     def shape_differences(self, now: "CheckpointLayout") -> list[tuple[str, Any, Any]]:
-        """(key, saved value, this run's) of every non-parallel key that differs, in key order."""
+        """(key, saved value, this run's) of every non-parallel key that differs: the variant keys
+        first, then the sizes and experts (the order the refusal has always listed them in)."""
         saved, ours = self.to_dict(), now.to_dict()
-        parallel = {f.name for f in dataclasses.fields(self) if f.metadata["group"] == PARALLEL}
-        return [(k, saved.get(k), ours.get(k)) for k in dict.fromkeys(list(saved) + list(ours))
-                if k not in parallel and saved.get(k) != ours.get(k)]
+        group = {f.name: f.metadata["group"] for f in dataclasses.fields(self)}
+        keys = [k for k in saved if group[k] == VARIANT] + [k for k in saved if group[k] != VARIANT] + list(ours)
+        return [(k, saved.get(k), ours.get(k)) for k in dict.fromkeys(keys)
+                if group[k] != PARALLEL and saved.get(k) != ours.get(k)]
 
     def model_shape(self, seq_length: int | None = None) -> ModelShape:
         """The ModelShape the checkpoint was saved with. The saved (padded) vocab is its vocab:

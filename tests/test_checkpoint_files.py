@@ -78,9 +78,10 @@ def test_files_written_before_read_with_their_values():
 def test_writer_reproduces_the_files_written_before(tmp_path):
     args = run_args(VARIANT, world_size=2)
     args.save = str(tmp_path)
-    os.makedirs(tmp_path / "global_step2")
-    write_layout(str(tmp_path / "global_step2"), CheckpointLayout.from_shape(args.model_shape, args.ds_pipeline_enabled))
-    write_model_info(str(tmp_path / "global_step2"), args)
+    step = str(tmp_path / "global_step2")
+    os.makedirs(step)
+    write_layout(step, CheckpointLayout.from_shape(args.model_shape, args.ds_pipeline_enabled))
+    write_model_info(step, args)
     write_tracker(str(tmp_path), 2)
     for name in ("latest", "latest_checkpointed_iteration.txt", "global_step2/megatron_layout.json",
                  "global_step2/megatron_model.json"):
@@ -91,8 +92,9 @@ def test_writer_reproduces_the_files_written_before(tmp_path):
 
     with open(os.path.join(FILES, "main_layouts.json")) as f:
         before = json.load(f)
-    moe = CheckpointLayout.from_shape(run_args(["--num-experts", "4", "--moe-expert-parallel-size", "2", "--topk", "2",
-                                                "--mlp-type", "residual", "--expert-interval", "1"], 2).model_shape, True)
+    moe = run_args(["--num-experts", "4", "--moe-expert-parallel-size", "2", "--topk", "2", "--mlp-type", "residual",
+                    "--expert-interval", "1"], 2)
+    moe = CheckpointLayout.from_shape(moe.model_shape, True)
     assert json.dumps(moe.to_dict(), indent=1) == json.dumps(before["moe"], indent=1)
     assert list(moe.to_dict())[9:15] == MOE_KEYS  # an MoE model's keys follow the nine sizes and cuts
     assert moe.to_dict()["num_experts"] == [4] and moe.to_dict()["enable_expert_tensor_parallelism"] is False
@@ -115,6 +117,18 @@ def test_old_and_foreign_layouts(tmp_path):
             layout.kv_channels, layout.untie_embeddings_and_output_weights, layout.pp_partition_method) == \
         ("absolute", None, "layernorm", 4, 16, False, "type:transformer")
     assert CheckpointLayout.from_dict({**old, "ds_pipeline_enabled": False}, "old").pp_partition_method is None
+    # what a refused --load names: shape keys only (not TP, the padded vocab, the split), the
+    # variant's first, then the sizes, then experts only this run has
+    saved = CheckpointLayout.from_dict(MAIN_LAYOUT, "main")
+    wider = dataclasses.replace(saved, hidden_size=128, kv_channels=32, ffn_hidden_size=256, padded_vocab_size=768,
+                                tensor_model_parallel_size=2, pp_partition_method="uniform", num_experts=[2],
+                                expert_interval=2, topk=1, mlp_type="standard", moe_expert_parallel_size=1,
+                                enable_expert_tensor_parallelism=False)
+    assert saved.shape_differences(wider) == [("kv_channels", 16, 32), ("hidden_size", 64, 128),
+                                              ("ffn_hidden_size", 128, 256), ("num_experts", None, [2]),
+                                              ("expert_interval", None, 2), ("topk", None, 1),
+                                              ("mlp_type", None, "standard"), ("moe_expert_parallel_size", None, 1),
+                                              ("enable_expert_tensor_parallelism", None, False)]
     step = tmp_path / "global_step5"
     step.mkdir()
     (step / "megatron_layout.json").write_text(json.dumps({**MAIN_LAYOUT, "mla_rank": 8}))
