@@ -15,50 +15,24 @@ What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes, exc
   --no-pipeline-parallel  mp_rank_TT_model_states.pt      all of the above, the module under "module"
   fp16 / bf16 / ZeRO 1-2  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  the fp32 masters and Adam state
                           of DP rank D, flat (every DP rank writes its own; checkpoint_zero_state.py)
-plus ours: megatron_layout.json (shape + layout) and megatron_model.json (numerics, tokenizer).
+plus ours: megatron_layout.json (shape + layout) and megatron_model.json (numerics, tokenizer), see
+megatron/checkpoint_layout.py.
 Torch only: no DeepSpeed, no transformers. Reading never writes anything.
 """
-import json
 import os
 import re
 import zipfile
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
+from megatron.checkpoint_layout import TRACKER, CheckpointLayout, read_layout, read_model_info, read_tracker, step_dir
 from megatron.model.analytic import ParamSpec, parameter_table, stage_of_layer, table_entry
 from megatron.model.shape import ConfigError, ModelShape
 
-TRACKER = "latest_checkpointed_iteration.txt"
-LAYOUT_FILE = "megatron_layout.json"
-MODEL_FILE = "megatron_model.json"
-# layout keys that say how the model was cut, not what it is (the padded vocab follows the TP size)
-PARALLEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "ds_pipeline_enabled",
-                 "padded_vocab_size", "pp_partition_method")
 
-
-def write_model_info(step_dir, args):
-    """What a tool needs besides the layout to rebuild or export the model: numerics and the
-    tokenizer (files by absolute path). Written by rank 0 next to megatron_layout.json."""
-    def path(p):
-        return os.path.abspath(p) if p else None
-    info = {"vocab_size": args.model_shape.vocab_size, "seq_length": args.seq_length,
-            "make_vocab_size_divisible_by": args.make_vocab_size_divisible_by,
-            "layernorm_epsilon": args.layernorm_epsilon, "rope_theta": args.rope_theta,
-            "hidden_dropout": args.hidden_dropout,
-            "attention_dropout": args.attention_dropout, "init_method_std": args.init_method_std,
-            "params_dtype": str(args.params_dtype).replace("torch.", ""),
-            "tokenizer_type": args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_file and args.merge_file
-                                                      else "NullTokenizer"),
-            "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file),
-            "tokenizer_name_or_path": path(getattr(args, "tokenizer_name_or_path", None)),
-            "tokenizer_model": path(getattr(args, "tokenizer_model", None))}
-    tmp = os.path.join(step_dir, f"{MODEL_FILE}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(info, f, indent=1)
-    os.replace(tmp, os.path.join(step_dir, MODEL_FILE))
-
-
-def optimizer_param_names(engine):
+def optimizer_param_names(engine: Any) -> list[list[str]] | None:
     """The module name of every optimizer parameter, group by group: saved with the optimizer so
     that its state (indexed by position) can be put back at another layout. None when the
     optimizer holds copies instead of the module's parameters (fp16 / bf16 / ZeRO)."""
@@ -67,7 +41,7 @@ def optimizer_param_names(engine):
     return None if any(n is None for group in groups for n in group) else groups
 
 
-def saved_precision(ds_config):
+def saved_precision(ds_config: dict) -> str:
     """fp32 / fp16 / bf16 from the ds_config DeepSpeed saves in every mp_rank file."""
     return next((p for p in ("bf16", "fp16") if (ds_config.get(p) or {}).get("enabled")), "fp32")
 
@@ -96,28 +70,6 @@ def tp_cut(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.
     return full.chunk(tp, dim=dim)[tp_rank]
 
 
-def saved_split(layout):
-    """A checkpoint saved at PP > 1 before the split was recorded was split by type:transformer."""
-    if layout.get("ds_pipeline_enabled") and layout.get("pipeline_model_parallel_size", 1) > 1:
-        return {"pp_partition_method": "type:transformer", **layout}
-    return layout
-
-
-def shape_from_layout(layout, where, seq_length=None):
-    """The ModelShape a checkpoint was saved with; a layout key this code does not know (a newer
-    trainer's architecture variant) is an error naming it."""
-    fields = ModelShape.__dataclass_fields__
-    unknown = sorted(set(layout) - set(fields) - set(PARALLEL_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: layout keys {', '.join(f'{k}={layout[k]}' for k in unknown)} are unknown to "
-                          f"this version of the code; read it with the trainer version that wrote it")
-    kwargs = {k: v for k, v in saved_split(layout).items() if k in fields and k != "vocab_size"}
-    # the saved (padded) vocab as the vocab: padding it again at its own TP size changes nothing
-    kwargs.update(vocab_size=layout["padded_vocab_size"], make_vocab_size_divisible_by=1,
-                  seq_length=seq_length or layout["max_position_embeddings"])
-    return ModelShape(**kwargs)
-
-
 def _load(path):
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: checkpoint shard is missing; the checkpoint is incomplete")
@@ -132,46 +84,33 @@ def _load(path):
 class Checkpoint:
     """One saved iteration of DIR (the tracker's, or `iteration`)."""
 
-    def __init__(self, load_dir, iteration=None, flag="--load"):
+    def __init__(self, load_dir: str, iteration: int | None = None, flag: str = "--load") -> None:
         self.load_dir = load_dir
         where = f"{flag} {load_dir}"
         if not os.path.isdir(load_dir):
             raise ConfigError(f"{where}: no such directory")
         if iteration is None:
-            tracker = os.path.join(load_dir, TRACKER)
-            if not os.path.isfile(tracker):
-                raise ConfigError(f"{where}: not a checkpoint directory of this trainer ({tracker} is missing)")
-            with open(tracker) as f:
-                text = f.read().strip()
-            if not text.isdigit():
-                raise ConfigError(f"{where}: {tracker} holds '{text}', not an iteration number")
-            iteration = int(text)
+            iteration = read_tracker(load_dir, where)
+            if iteration is None:
+                raise ConfigError(f"{where}: not a checkpoint directory of this trainer "
+                                  f"({os.path.join(load_dir, TRACKER)} is missing)")
         self.iteration = iteration
-        self.step_dir = os.path.join(load_dir, f"global_step{iteration}")
+        self.step_dir = step_dir(load_dir, iteration)
         if not os.path.isdir(self.step_dir):
             saved = sorted(int(m.group(1)) for m in map(re.compile(r"global_step(\d+)$").match, os.listdir(load_dir))
                            if m)
             raise ConfigError(f"{where}: {self.step_dir} does not exist (saved iterations: "
                               f"{', '.join(map(str, saved)) or 'none'})")
-        layout_path = os.path.join(self.step_dir, LAYOUT_FILE)
-        if not os.path.isfile(layout_path):
-            raise ConfigError(f"{where}: {layout_path} is missing; the checkpoint was not written by this trainer")
-        with open(layout_path) as f:
-            self.layout = json.load(f)
-        model_path = os.path.join(self.step_dir, MODEL_FILE)
-        self.model_info = {}
-        if os.path.isfile(model_path):
-            with open(model_path) as f:
-                self.model_info = json.load(f)
-        self.tp = self.layout["tensor_model_parallel_size"]
-        self.pp = self.layout["pipeline_model_parallel_size"]
-        self.pipeline = self.layout["ds_pipeline_enabled"]
-        self.shape = shape_from_layout(self.layout, layout_path, self.model_info.get("seq_length"))
+        self.layout: CheckpointLayout = read_layout(self.step_dir, where)
+        self.model_info: dict = read_model_info(self.step_dir)
+        self.tp = self.layout.tensor_model_parallel_size
+        self.pp = self.layout.pipeline_model_parallel_size
+        self.pipeline = self.layout.ds_pipeline_enabled
+        self.shape = self.layout.model_shape(self.model_info.get("seq_length"))
         self.specs = {(s.layer, s.key): s for s in parameter_table(self.shape)}
 
-    def describe(self):
-        engine = "" if self.pipeline else ", no pipeline engine"
-        return f"TP={self.tp} x PP={self.pp}{engine}"
+    def describe(self) -> str:
+        return self.layout.describe()
 
     # --- file names ---------------------------------------------------------------------------
     def _layer_file(self, layer, tp_rank):
@@ -180,7 +119,7 @@ class Checkpoint:
     def _mp_file(self, stage, tp_rank):
         return os.path.join(self.step_dir, f"mp_rank_{stage * self.tp + tp_rank:02d}_model_states.pt")
 
-    def shard_files(self, layers=None):
+    def shard_files(self, layers: Iterable[int] | None = None) -> list[str]:
         layers = self._layers(layers)
         files = [self._mp_file(s, t) for s in sorted({stage_of_layer(self.shape, l) for l in layers})
                  for t in range(self.tp)]
@@ -188,7 +127,7 @@ class Checkpoint:
             files += [self._layer_file(l, t) for l in sorted(layers) for t in range(self.tp)]
         return files
 
-    def check_readable(self, layers=None):
+    def check_readable(self, layers: Iterable[int] | None = None) -> None:
         """Every shard exists and its zip directory (at the end of the file) reads: a missing or
         truncated shard fails here, before anything is built, naming the file."""
         for path in self.shard_files(layers):
@@ -204,7 +143,7 @@ class Checkpoint:
         return {s.layer for s in self.specs.values()} if layers is None else set(layers)
 
     # --- reading ------------------------------------------------------------------------------
-    def client_state(self):
+    def client_state(self) -> dict:
         """mp_rank_00's client state (iteration, consumed samples, LR schedule, ...), without
         the optimizer and module."""
         state = _load(self._mp_file(0, 0))
@@ -269,12 +208,12 @@ class Checkpoint:
                               f"pass --no-load-optim")
         return optimizer, names
 
-    def check_optimizer(self):
+    def check_optimizer(self) -> None:
         """The optimizer state can be resharded (checked on one file, before anything is built)."""
         if self.saved_setup()["form"] != "flat":
             self._plain_optimizer(self._mp_file(0, 0))
 
-    def saved_setup(self):
+    def saved_setup(self) -> dict:
         """What the checkpoint was saved with, from DeepSpeed's mp_rank_00 file: precision, ZeRO
         stage, DP size and the optimizer's form: "flat" (ZeRO 1/2 or BF16_Optimizer: fp32
         partitions with param_slice_mappings, see checkpoint_zero_state.py) or "torch" (the plain

@@ -11,6 +11,8 @@ slices. Torch only; reading never writes anything.
 import glob
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,7 +22,7 @@ from megatron.model.shape import ConfigError
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def zero_files(step_dir, mp_rank):
+def zero_files(step_dir: str, mp_rank: int) -> list[str]:
     """The DP partitions' files of model-parallel rank `mp_rank`, in DP order."""
     found = {}
     for path in glob.glob(os.path.join(step_dir, f"*zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt")):
@@ -35,7 +37,7 @@ def _load(path):
     return _load(path)
 
 
-def read_flat_state(checkpoint, layers, table_key):
+def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> tuple[dict, dict]:
     """({(layer, key): fp32 master}, {(layer, key): {"exp_avg", "exp_avg_sq", "step"}}) for every
     table parameter of `layers`, from the stage owning it and TP rank 0 for TP-replicated ones."""
     shape, tp = checkpoint.shape, checkpoint.tp
@@ -87,7 +89,7 @@ def read_flat_state(checkpoint, layers, table_key):
     return masters, states
 
 
-def read_loss_scaler(checkpoint):
+def read_loss_scaler(checkpoint: Any) -> Any:
     """fp16's dynamic loss scaler as saved (scale, iterations since the last overflow): the same on
     every rank, so DP rank 0 of the first model-parallel rank holds it. None when not saved."""
     files = zero_files(checkpoint.step_dir, 0)

@@ -1,16 +1,12 @@
 """Save / resume through the DeepSpeed engine, plus our client state.
 
-Layout of --save DIR:
-  DIR/global_stepN/...                     DeepSpeed's files for iteration N
-  DIR/global_stepN/megatron_layout.json    the model shape and TP/PP layout it was saved with
-  DIR/latest, DIR/latest_checkpointed_iteration.txt
-The two pointers are written (atomically) only after every rank has finished writing
-global_stepN, so a crash mid-save leaves the previous checkpoint as the one that loads.
+What --save DIR holds is described in megatron/checkpoint_layout.py. The trackers move
+(atomically) only after every rank has finished writing global_stepN, so a crash mid-save
+leaves the previous checkpoint as the one that loads.
 """
 import contextlib
-import json
-import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,49 +14,17 @@ import torch.distributed as dist
 
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
-from megatron.checkpoint_reshard import LAYOUT_FILE as LAYOUT
-from megatron.checkpoint_reshard import TRACKER, optimizer_param_names, saved_split, write_model_info
-from megatron.model.partition import DEFAULT_METHOD
-from megatron.universal_checkpoint import attach_universal_checkpoint_info
-from megatron.model.shape import gpt2_variant
+from megatron.checkpoint_layout import LAYOUT_FILE as LAYOUT  # noqa: F401  (tests import it from here)
+from megatron.checkpoint_layout import TRACKER  # noqa: F401
+from megatron.checkpoint_layout import (CheckpointLayout, read_layout, read_tracker, step_dir, step_tag, write_layout,
+                                        write_model_info, write_tracker)
+from megatron.checkpoint_reshard import optimizer_param_names
 from megatron.training_state import saved_progress
-
-# what must match for the saved tensors to fit the model being built
-LAYOUT_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
-               "max_position_embeddings", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-               "ds_pipeline_enabled")
+from megatron.universal_checkpoint import attach_universal_checkpoint_info
 
 
-def _tag(iteration):
-    return f"global_step{iteration}"
-
-
-# an MoE model's files also depend on how its experts are laid out (one file per expert and TP rank)
-MOE_LAYOUT_KEYS = ("num_experts", "expert_interval", "topk", "mlp_type", "moe_expert_parallel_size",
-                   "enable_expert_tensor_parallelism")
-
-
-def _layout(args):
-    # plus the architecture variant (positions, GLU, norm, kv heads, head dim, tying, biases) and,
-    # for an MoE model only (dense checkpoints are unchanged), its experts
-    keys = LAYOUT_KEYS + (MOE_LAYOUT_KEYS if args.model_shape.is_moe else ())
-    return {**{key: getattr(args, key) for key in keys}, **args.model_shape.variant(), **_split(args)}
-
-
-def _split(args):
-    """Which stage holds which layer (--pp-partition-method) decides the files of a pipeline
-    checkpoint; recorded where it matters (PP > 1 on the pipeline engine)."""
-    pipeline = args.ds_pipeline_enabled and args.pipeline_model_parallel_size > 1
-    return {"pp_partition_method": args.model_shape.pp_partition_method or DEFAULT_METHOD} if pipeline else {}
-
-
-def _write_atomic(path, text):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _layout(args: Any) -> CheckpointLayout:
+    return CheckpointLayout.from_shape(args.model_shape, args.ds_pipeline_enabled)
 
 
 def _rng_state():
@@ -71,7 +35,7 @@ def _rng_state():
     return state
 
 
-def set_rng_state(state):
+def set_rng_state(state: dict) -> None:
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -80,26 +44,25 @@ def set_rng_state(state):
     mpu.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def save_checkpoint(engine, lr_scheduler, progress, args):
-    iteration = progress.iteration
+def save_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) -> None:
+    iteration, layout = progress.iteration, _layout(args)
     client_state = {
         "iteration": iteration,  # also inside progress; kept at the top for tools that read it
         "progress": progress.state_dict(),
         "lr_scheduler": lr_scheduler.state_dict(),
-        "layout": _layout(args),
+        "layout": layout.to_dict(),
         "optimizer_param_names": optimizer_param_names(engine),  # lets another layout resume the optimizer
     }
     if not args.no_save_rng:
         client_state["rng_state"] = _rng_state()
     attach_universal_checkpoint_info(engine, args)  # so that DeepSpeed's ds_to_universal.py converts it
     with _moe_writers(engine, args):
-        engine.save_checkpoint(args.save, tag=_tag(iteration), client_state=client_state, save_latest=False)
+        engine.save_checkpoint(args.save, tag=step_tag(iteration), client_state=client_state, save_latest=False)
     dist.barrier()  # every rank's shards are on disk before the pointers move
     if args.rank == 0:
-        _write_atomic(os.path.join(args.save, _tag(iteration), LAYOUT), json.dumps(_layout(args), indent=1))
-        write_model_info(os.path.join(args.save, _tag(iteration)), args)
-        _write_atomic(os.path.join(args.save, "latest"), _tag(iteration))
-        _write_atomic(os.path.join(args.save, TRACKER), str(iteration))
+        write_layout(step_dir(args.save, iteration), layout)
+        write_model_info(step_dir(args.save, iteration), args)
+        write_tracker(args.save, iteration)
     dist.barrier()
     progress.last_saved_iteration = iteration
     print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
@@ -112,46 +75,30 @@ def _moe_writers(engine, args):
     return every_tp_rank_writes_its_files(engine)
 
 
-def read_tracker(load_dir):
-    path = os.path.join(load_dir, TRACKER)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        text = f.read().strip()
-    if not text.isdigit():
-        raise ConfigError(f"--load {load_dir}: {TRACKER} holds '{text}', not an iteration number")
-    return int(text)
-
-
-def check_layout(load_dir, iteration, args):
-    path = os.path.join(load_dir, _tag(iteration), LAYOUT)
-    if not os.path.isfile(path):
-        raise ConfigError(f"--load {load_dir}: {path} is missing; the checkpoint was not written by this trainer")
-    with open(path) as f:
-        saved = json.load(f)
-    # a checkpoint written before architecture variants existed is a GPT-2
-    saved = saved_split({**gpt2_variant(saved["num_attention_heads"], saved["hidden_size"]), **saved})
+def check_layout(load_dir: str, iteration: int, args: Any) -> None:
+    # a checkpoint written before architecture variants existed reads as a GPT-2
+    saved = read_layout(step_dir(load_dir, iteration), f"--load {load_dir}")
     # another shape or precision fails here; another TP x PP x DP layout, pipeline split or ZeRO stage
     # is resharded on load
     from megatron.resume_reshard import plan_reshard
     plan_reshard(load_dir, iteration, saved, _layout(args), args)
 
 
-def check_load_layout(args):
+def check_load_layout(args: Any) -> None:
     if args.universal_checkpoint:
         from megatron.resume_reshard import plan_universal
         plan_universal(args, _layout(args))
         return
-    iteration = read_tracker(args.load)
+    iteration = read_tracker(args.load, f"--load {args.load}")
     if iteration is not None:
         check_layout(args.load, iteration, args)
 
 
-def load_checkpoint(engine, lr_scheduler, progress, args):
+def load_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) -> dict | None:
     """Restores the weights (and optimizer, LR schedule and `progress` unless --finetune) and
     returns the saved RNG state or None. The caller restores the RNG state once everything that
     draws from the RNG during setup has run."""
-    iteration = None if args.universal_checkpoint else read_tracker(args.load)
+    iteration = None if args.universal_checkpoint else read_tracker(args.load, f"--load {args.load}")
     if args.universal_checkpoint:  # DeepSpeed cuts TP slices and DP partitions from DIR/<tag>/zero
         path, client_state = engine.load_checkpoint(args.load, tag=args.universal_tag, load_lr_scheduler_states=False,
                                                     load_optimizer_states=not args.no_load_optim and not args.finetune)
@@ -162,11 +109,11 @@ def load_checkpoint(engine, lr_scheduler, progress, args):
         from megatron.resume_reshard import load_resharded
         path, client_state = load_resharded(engine, args)
     else:
-        path, client_state = engine.load_checkpoint(args.load, tag=_tag(iteration),
+        path, client_state = engine.load_checkpoint(args.load, tag=step_tag(iteration),
                                                     load_optimizer_states=not args.no_load_optim and not args.finetune,
                                                     load_lr_scheduler_states=False)
     if path is None:
-        raise ConfigError(f"--load {args.load}: DeepSpeed could not load {_tag(iteration)}")
+        raise ConfigError(f"--load {args.load}: DeepSpeed could not load {step_tag(iteration)}")
     if args.universal_checkpoint:
         client_state.pop("rng_state", None)  # another layout's: the run reseeds from --seed
     if args.finetune:

@@ -13,11 +13,13 @@ client state and carry over as they are. RNG states are per TP / PP rank and do 
 reseeds from --seed (dropout masks differ from the original layout's, as they would anyway).
 """
 import dataclasses
+from typing import Any
 
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.checkpoint_reshard import PARALLEL_KEYS, Checkpoint, table_key, tp_cut
+from megatron.checkpoint_layout import CheckpointLayout
+from megatron.checkpoint_reshard import Checkpoint, table_key, tp_cut
 from megatron.memory import TrainingSetup
 from megatron.model.analytic import parameter_table
 from megatron.model.shape import ConfigError, pad_vocab_size
@@ -39,15 +41,14 @@ _UNSUPPORTED = {"zero3": "ZeRO stage 3 partitions the weights too",
                 "fp16_unfused": "DeepSpeed's FP16_Optimizer keeps flat fp32 copies without parameter names"}
 
 
-def _check_shape(saved, ours, args, where):
+def _check_shape(saved: CheckpointLayout, ours: CheckpointLayout, args: Any, where: str) -> None:
     """Another model shape (not layout) fails in one line naming what differs."""
     if saved == ours:
         return
-    shape_keys = [k for k in dict.fromkeys(list(saved) + list(ours)) if k not in PARALLEL_KEYS]
     vocab = args.model_shape.vocab_size
-    differ = [f"{k}: saved {saved.get(k)} vs now {ours.get(k)}" for k in shape_keys if saved.get(k) != ours.get(k)]
-    if vocab > saved["padded_vocab_size"]:
-        differ.append(f"vocab: saved padded to {saved['padded_vocab_size']} vs now {vocab} tokens")
+    differ = [f"{k}: saved {then} vs now {now}" for k, then, now in saved.shape_differences(ours)]
+    if vocab > saved.padded_vocab_size:
+        differ.append(f"vocab: saved padded to {saved.padded_vocab_size} vs now {vocab} tokens")
     if differ:
         raise ConfigError(f"{where}: the checkpoint's model shape differs from this run's ({', '.join(differ)}); "
                           f"launch with the saved shape")
@@ -60,7 +61,7 @@ def _check_precision(saved, args, where):
                           f"launch with the saved precision{flag}")
 
 
-def plan_universal(args, ours):
+def plan_universal(args: Any, ours: CheckpointLayout) -> None:
     """--universal-checkpoint, before the model is built: DeepSpeed's converted folder holds this
     model's shape in this precision; the padded vocab is kept as saved (DeepSpeed cuts TP slices
     of the saved tensors as they are)."""
@@ -70,17 +71,17 @@ def plan_universal(args, ours):
     from megatron.checkpoint_reshard import saved_precision
     _check_shape(saved, ours, args, where)
     _check_precision(saved_precision(config), args, where)
-    if saved["ds_pipeline_enabled"] != args.ds_pipeline_enabled:  # DeepSpeed finds parameters by module name
-        engine = "the pipeline engine" if saved["ds_pipeline_enabled"] else "--no-pipeline-parallel"
+    if saved.ds_pipeline_enabled != args.ds_pipeline_enabled:  # DeepSpeed finds parameters by module name
+        engine = "the pipeline engine" if saved.ds_pipeline_enabled else "--no-pipeline-parallel"
         raise ConfigError(f"{where}: saved with {engine}, whose parameter names this engine does not have; resume "
                           f"with {engine}, or with --load alone (which switches engines)")
-    _keep_padded_vocab(saved["padded_vocab_size"], args, where)
+    _keep_padded_vocab(saved.padded_vocab_size, args, where)
     args.universal_tag = tag
     print_rank_0(f"resuming DeepSpeed universal checkpoint {args.load}/{tag} at {_describe(args)} x "
                  f"DP={args.data_parallel_size}")
 
 
-def plan_reshard(load_dir, iteration, saved, ours, args):
+def plan_reshard(load_dir: str, iteration: int, saved: CheckpointLayout, ours: CheckpointLayout, args: Any) -> None:
     """Before the model is built, on every --load: nothing to do when the checkpoint fits this run
     as DeepSpeed saved it (same TP x PP layout and ZeRO stage and, for DP-partitioned optimizer
     state, the same DP size); otherwise a shape or precision mismatch, an unsupported optimizer or
@@ -112,7 +113,7 @@ def plan_reshard(load_dir, iteration, saved, ours, args):
     source.check_readable()
     if with_optimizer:
         source.check_optimizer()
-    _keep_padded_vocab(saved["padded_vocab_size"], args, where)
+    _keep_padded_vocab(saved.padded_vocab_size, args, where)
     args.reshard_source = (load_dir, iteration)
     change = f" ({', '.join(moved)})" if moved else ""
     print_rank_0(f"resuming {source.describe()} checkpoint {source.step_dir} at {_describe(args)}: "
@@ -146,7 +147,7 @@ def _cut(value, spec, tp, tp_rank):
     return value.clone() if torch.is_tensor(value) else value
 
 
-def load_resharded(engine, args):
+def load_resharded(engine: Any, args: Any) -> tuple[str, dict]:
     """Fills this rank's module and optimizer from the saved checkpoint of another layout;
     returns (path, client state) as engine.load_checkpoint does, without the RNG state."""
     from megatron.deepspeed_internals import holds_flat_partitions, set_progress_counters, write_flat_state

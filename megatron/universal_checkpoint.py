@@ -19,26 +19,11 @@ Loading (--universal-checkpoint, the forks' flag): the ds_config gets
 import json
 import os
 import re
+from typing import Any
 
-from megatron.model.analytic import parameter_table
-from megatron.model.shape import ConfigError
-
-LATEST_UNIVERSAL = "latest_universal"  # the tracker DeepSpeed reads with load_universal
-
-
-def module_name(spec, shape, pipeline):
-    """The name of a parameter-table entry in GPTModelPipe (pipeline=True) or GPTModel: the
-    inverse of checkpoint_reshard.table_key."""
-    layer, key, L = spec.layer, spec.key, shape.num_layers
-    if pipeline:
-        return f"tied_modules.embed.{key}" if layer == 0 and shape.tied else f"{layer}.{key}"
-    if layer == 0:
-        return f"language_model.embedding.{key}"
-    if layer <= L:
-        return f"language_model.encoder.layers.{layer - 1}.{key}"
-    if layer == L + 1:
-        return f"language_model.encoder.final_layernorm.{key}"
-    return f"language_model.output_layer.{key}"
+from megatron.checkpoint_layout import LATEST_UNIVERSAL, CheckpointLayout, read_pointer
+from megatron.model.analytic import module_name, parameter_table
+from megatron.model.shape import ConfigError, ModelShape
 
 
 def _pattern(spec, shape, pipeline):
@@ -50,7 +35,7 @@ def _pattern(spec, shape, pipeline):
     return f"^{escaped}$"
 
 
-def universal_checkpoint_info(shape, pipeline):
+def universal_checkpoint_info(shape: ModelShape, pipeline: bool) -> dict:
     from megatron.deepspeed_internals import universal_checkpoint_constants
     c = universal_checkpoint_constants()
     specs = parameter_table(shape)
@@ -67,7 +52,7 @@ def universal_checkpoint_info(shape, pipeline):
     return info
 
 
-def attach_universal_checkpoint_info(engine, args):
+def attach_universal_checkpoint_info(engine: Any, args: Any) -> None:
     """Before engine.save_checkpoint: DeepSpeed writes the module attribute into every
     mp_rank_*_model_states.pt (client_state cannot carry it for MoE models)."""
     from megatron.deepspeed_internals import universal_checkpoint_constants
@@ -77,15 +62,14 @@ def attach_universal_checkpoint_info(engine, args):
                 universal_checkpoint_info(args.model_shape, args.ds_pipeline_enabled))
 
 
-def read_universal_tag(load_dir):
+def read_universal_tag(load_dir: str) -> str:
     path = os.path.join(load_dir, LATEST_UNIVERSAL)
     where = f"--universal-checkpoint --load {load_dir}"
-    if not os.path.isfile(path):
+    tag = read_pointer(path)  # the tracker DeepSpeed reads with load_universal
+    if tag is None:
         raise ConfigError(f"{where}: {path} is missing; convert with DeepSpeed's ds_to_universal.py "
                           f"--input_folder {load_dir}/global_stepN --output_folder {load_dir}/global_stepN_universal "
                           f"and write global_stepN_universal into {path}")
-    with open(path) as f:
-        tag = f.read().strip()
     step_dir = os.path.join(load_dir, tag)
     if not os.path.isdir(os.path.join(step_dir, "zero")):
         raise ConfigError(f"{where}: {step_dir}/zero does not exist; {path} must name the output folder of "
@@ -93,7 +77,7 @@ def read_universal_tag(load_dir):
     return tag
 
 
-def check_universal_load(args):
+def check_universal_load(args: Any) -> tuple[str, CheckpointLayout, dict]:
     """Before the model is built: the universal checkpoint exists, holds this model's shape, and
     this run's optimizer is one DeepSpeed loads universal checkpoints into. Returns the tag."""
     import torch
@@ -114,4 +98,5 @@ def check_universal_load(args):
     if saved is None:
         raise ConfigError(f"{where}: {step_dir}/{mp_files[0]} holds no layout; the checkpoint was not written by "
                           f"this trainer")
-    return tag, saved, json.loads(json.dumps(state.get("ds_config") or {}))
+    layout = CheckpointLayout.from_dict(saved, f"{step_dir}/{mp_files[0]}")
+    return tag, layout, json.loads(json.dumps(state.get("ds_config") or {}))

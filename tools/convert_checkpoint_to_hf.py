@@ -338,7 +338,7 @@ def convert(args):
 
     # bad input fails first, in a second, before transformers is imported
     checkpoint = Checkpoint(args.load, args.iteration)
-    experts = checkpoint.layout.get("num_experts")
+    experts = checkpoint.layout.num_experts
     if experts and max(experts) > 1:
         per_layer = "/".join(map(str, experts))
         raise ConfigError(f"{checkpoint.step_dir}: a mixture-of-experts model ({per_layer} experts per MoE layer) "

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from megatron.atomic_write import AtomicFile
+
 from . import helpers
 from .blendable_dataset import BlendableDataset
 from .indexed_dataset import MMapIndexedDataset, make_dataset
@@ -163,14 +165,6 @@ def _index_fingerprint(documents: np.ndarray, sizes: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def _save_atomic(path: str, array: np.ndarray) -> None:
-    # A reader never sees a half-written .npy, even if this process dies.
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-    os.replace(tmp, path)
-
-
 def _build_index_mappings(
     name: str, data_prefix: str, documents: np.ndarray, sizes: np.ndarray, num_samples: int, seq_length: int,
     seed: int,
@@ -213,7 +207,8 @@ def _build_index_mappings(
             num_samples_from_full_epochs if separate_last_epoch else total, total, np_rng
         )
         for key, array in (("doc_idx", doc_idx), ("sample_idx", sample_idx), ("shuffle_idx", shuffle_idx)):
-            _save_atomic(paths[key], array)
+            with AtomicFile(paths[key], "wb") as f:  # a reader never sees a half-written .npy
+                np.save(f, array, allow_pickle=False)
         print(
             f" > built {name} index for {data_prefix}: {total} samples over {num_epochs} epoch(s) "
             f"in {time.time() - start:.2f} s",

@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from megatron.atomic_write import AtomicFile
+
 _HDR_MAGIC = b"MMIDIDX\x00\x00"
 _VERSION = 1
 _HEADER_SIZE = len(_HDR_MAGIC) + struct.calcsize("<QBQQ")
@@ -195,8 +197,8 @@ class MMapIndexedDatasetBuilder:
         self._dtype = np.dtype(dtype)
         code(self._dtype)  # fail now, not after writing all the data
         self._out_file = out_file
-        self._tmp_bin = f"{out_file}.tmp{os.getpid()}"
-        self._data_file = open(self._tmp_bin, "wb")
+        self._data = AtomicFile(out_file, "wb")
+        self._data_file = self._data.file
         self._sizes: list[int] = []
         self._doc_idx = [0]
 
@@ -215,27 +217,25 @@ class MMapIndexedDatasetBuilder:
         self._doc_idx.append(len(self._sizes))
 
     def finalize(self, index_file: str) -> None:
-        self._data_file.close()
         sizes = np.array(self._sizes, dtype=np.int32)
         byte_sizes = sizes.astype(np.int64) * self._dtype.itemsize
         pointers = np.zeros(len(sizes), dtype=np.int64)
         pointers[1:] = np.cumsum(byte_sizes)[:-1]
         doc_idx = np.array(self._doc_idx, dtype=np.int64)
-        tmp_idx = f"{index_file}.tmp{os.getpid()}"
-        with open(tmp_idx, "wb") as stream:
-            stream.write(_HDR_MAGIC)
-            stream.write(struct.pack("<QBQQ", _VERSION, code(self._dtype), len(sizes), len(doc_idx)))
-            stream.write(sizes.tobytes(order="C"))
-            stream.write(pointers.tobytes(order="C"))
-            stream.write(doc_idx.tobytes(order="C"))
+        index = AtomicFile(index_file, "wb")
+        stream = index.file
+        stream.write(_HDR_MAGIC)
+        stream.write(struct.pack("<QBQQ", _VERSION, code(self._dtype), len(sizes), len(doc_idx)))
+        stream.write(sizes.tobytes(order="C"))
+        stream.write(pointers.tobytes(order="C"))
+        stream.write(doc_idx.tobytes(order="C"))
         # Drop a previous .idx first: between the two renames the new .bin must
         # not sit next to an old .idx that would still open without error.
         if os.path.exists(index_file):
             os.remove(index_file)
-        os.replace(self._tmp_bin, self._out_file)
-        os.replace(tmp_idx, index_file)
+        self._data.commit()
+        index.commit()
 
     def abort(self) -> None:
         """Discard everything written so far."""
-        self._data_file.close()
-        os.remove(self._tmp_bin)
+        self._data.discard()
