@@ -9,6 +9,7 @@ import sys
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
                                   require as _require)
 from megatron.model.shape import require_fraction, require_non_negative, require_positive
+from megatron.run_config import as_run_args
 from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
@@ -414,10 +415,8 @@ def validate_args(args, world_size=None, cuda_available=None):
              f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
              f"--pipeline-model-parallel-size {pp}: launch a multiple of {tp * pp} ranks or change TP/PP")
     args.data_parallel_size = world_size // (tp * pp)
-    args.ffn_hidden_size = args.model_shape.ffn_hidden_size
-    args.max_position_embeddings = args.model_shape.max_position_embeddings
-    args.num_key_value_heads = args.model_shape.num_key_value_heads
-    args.kv_channels = args.model_shape.kv_channels
+    # from here on args.ffn_hidden_size, .kv_channels, .padded_vocab_size, ... read the shape
+    as_run_args(args)
     _require(not (args.no_pipeline_parallel and pp > 1),
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
     _require(args.optimizer in ("adam", "sgd"),

@@ -11,7 +11,7 @@ import torch
 
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
-from megatron.checkpointing import check_load_layout, load_checkpoint, save_checkpoint, set_rng_state
+from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
 from megatron.engine import current_loss_scale, engine_steps
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.grad_stats import ZeroCounter, params_norm
@@ -41,8 +41,6 @@ def pretrain(train_valid_test_dataset_provider, model_provider, forward_step_fun
         print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
         close_tensorboard_writer()
         return args, TrainingProgress()
-    if args.load:
-        check_load_layout(args)  # a mismatched checkpoint fails before the model is built
     engine, lr_scheduler, calculator = setup_model_and_optimizer(model_provider, args)
     progress = TrainingProgress()
     rng_state = load_checkpoint(engine, lr_scheduler, progress, args) if args.load else None
