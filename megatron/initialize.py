@@ -32,7 +32,7 @@ def initialize_megatron(extra_args_provider=None, args_list=None) -> FrozenArgs:
     return freeze_args(args, RunConfig.from_args(args, resume, mfu))
 
 
-def disable_deepspeed_shm_comm():
+def disable_deepspeed_shm_comm() -> None:
     """On CPU, DeepSpeed all-reduces through a JIT-compiled shared-memory op whose buffers stay in
     /dev/shm after the run (gigabytes per run, until the machine runs out of memory). gloo's own
     all-reduce does the same job and leaves nothing behind."""

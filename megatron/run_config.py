@@ -136,7 +136,12 @@ class RunArgs(argparse.Namespace):
     num_key_value_heads = property(lambda self: self.model_shape.num_key_value_heads)
     kv_channels = property(lambda self: self.model_shape.kv_channels)
     make_vocab_size_divisible_by = property(lambda self: self.model_shape.make_vocab_size_divisible_by)
-    padded_vocab_size = property(lambda self: self.model_shape.padded_vocab_size)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        if self.model_shape.vocab_size is None:  # as before the tokenizer is built: not there yet
+            raise AttributeError("args.padded_vocab_size: the vocab is not known yet (build the tokenizer first)")
+        return self.model_shape.padded_vocab_size
 
 
 class FrozenArgsError(AttributeError):
@@ -150,10 +155,13 @@ TRAINER_STATE = ("grad_zero_counter", "total_iterations", "memory_probe", "memor
 
 class FrozenArgs(RunArgs):
     """`args` after initialize_megatron: a late write raises, except the parameter-count cache
-    (megatron/utils.py: COUNT_CACHE) and the trainer state above."""
+    (megatron/utils.py: COUNT_CACHE, once) and the trainer state above."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         from megatron.utils import COUNT_CACHE
+        if name in COUNT_CACHE and name in vars(self):
+            raise FrozenArgsError(f"args.{name}: the parameter-count cache is written once, when the model is built "
+                                  f"(megatron/utils.py: cache_parameter_counts)")
         if name not in COUNT_CACHE and name not in TRAINER_STATE:
             raise FrozenArgsError(f"args.{name}: args is read-only after initialize_megatron (the run configuration "
                                   f"is args.run_config, megatron/run_config.py); only the parameter-count cache "

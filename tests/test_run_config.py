@@ -37,9 +37,11 @@ def _initialized():
         "del args.seed": _attempt(lambda: delattr(args, "seed")),
     }
     cache = _attempt(lambda: setattr(get_args(), "parameters", 123))  # the one late write allowed
+    cache_again = _attempt(lambda: setattr(args, "parameters", 456))  # ... once
     ds_copy = config.deepspeed_config_dict()
     ds_copy["zero_optimization"]["stage"] = 3  # a copy for DeepSpeed: writable, the original unchanged
-    return {"refused": refused, "cache": cache, "parameters": args.parameters, "same": get_args() is args,
+    return {"refused": refused, "cache": cache, "cache_again": cache_again, "parameters": args.parameters,
+            "same": get_args() is args,
             "stage": config.deepspeed_config["zero_optimization"]["stage"],
             "derived": (args.padded_vocab_size, args.ffn_hidden_size, args.kv_channels, args.max_position_embeddings,
                         args.num_key_value_heads, args.make_vocab_size_divisible_by),
@@ -60,6 +62,7 @@ def test_configuration_is_frozen_after_initialization():
     assert refused["args.padded_vocab_size"][0] == "FrozenArgsError"
     assert refused["del args.seed"][0] == "FrozenArgsError"
     assert out["cache"] is None and out["parameters"] == 123 and out["same"]
+    assert out["cache_again"][0] == "FrozenArgsError" and "written once" in out["cache_again"][1]
     assert out["stage"] == 0  # the copy's write did not reach the frozen config
     # by hand: 600 tokens padded to a multiple of 64 x TP 1 = 640; ffn 4 x 64; head dim 64 / 4 heads;
     # the position table defaults to the sequence; kv heads default to the heads
