@@ -5,15 +5,17 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 
 from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
                                   require as _require)
 from megatron.model.shape import require_fraction, require_non_negative, require_positive
+from megatron.run_config import RunArgs, as_run_args
 from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 
 
-def parse_args(extra_args_provider=None, args_list=None):
+def parse_args(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> argparse.Namespace:
     from megatron.script_flags import given_flags
     parser = build_parser(extra_args_provider)
     args = parser.parse_args(args_list)
@@ -23,7 +25,7 @@ def parse_args(extra_args_provider=None, args_list=None):
     return args
 
 
-def build_parser(extra_args_provider=None):
+def build_parser(extra_args_provider: Callable | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
     for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
@@ -345,7 +347,7 @@ def _dest(flag):
     return flag.lstrip("-").replace("-", "_")
 
 
-def validate_flag_values(args):
+def validate_flag_values(args: argparse.Namespace) -> None:
     """Each flag's own range, before any flag is combined with another."""
     for rule, flags in ((require_positive, POSITIVE), (require_non_negative, NON_NEGATIVE),
                         (require_fraction, FRACTIONS)):
@@ -367,7 +369,7 @@ def validate_flag_values(args):
         _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr} exceeds --lr {args.lr}: the decay would rise")
 
 
-def validate_rampup(args, data_parallel_size=None):
+def validate_rampup(args: argparse.Namespace, data_parallel_size: int | None = None) -> list[int]:
     """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes (and, given
     the DP size, micro batch x DP); returns the three integers (also shared with tools/param_count.py)."""
     _require(len(args.rampup_batch_size) == 3,
@@ -391,7 +393,8 @@ def validate_rampup(args, data_parallel_size=None):
     return [start, incr, samples]
 
 
-def validate_args(args, world_size=None, cuda_available=None):
+def validate_args(args: argparse.Namespace, world_size: int | None = None,
+                  cuda_available: bool | None = None) -> RunArgs:
     """Check every flag against the others; fill in derived values. Cheap: no distributed
     init, no model, no data. Raises ConfigError with a one-line message."""
     if world_size is None:
@@ -414,10 +417,8 @@ def validate_args(args, world_size=None, cuda_available=None):
              f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
              f"--pipeline-model-parallel-size {pp}: launch a multiple of {tp * pp} ranks or change TP/PP")
     args.data_parallel_size = world_size // (tp * pp)
-    args.ffn_hidden_size = args.model_shape.ffn_hidden_size
-    args.max_position_embeddings = args.model_shape.max_position_embeddings
-    args.num_key_value_heads = args.model_shape.num_key_value_heads
-    args.kv_channels = args.model_shape.kv_channels
+    # from here on args.ffn_hidden_size, .kv_channels, .padded_vocab_size, ... read the shape
+    as_run_args(args)
     _require(not (args.no_pipeline_parallel and pp > 1),
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
     _require(args.optimizer in ("adam", "sgd"),

@@ -81,17 +81,16 @@ def check_layout(load_dir: str, iteration: int, args: Any) -> None:
     # another shape or precision fails here; another TP x PP x DP layout, pipeline split or ZeRO stage
     # is resharded on load
     from megatron.resume_reshard import plan_reshard
-    plan_reshard(load_dir, iteration, saved, _layout(args), args)
+    return plan_reshard(load_dir, iteration, saved, _layout(args), args)
 
 
 def check_load_layout(args: Any) -> None:
     if args.universal_checkpoint:
         from megatron.resume_reshard import plan_universal
-        plan_universal(args, _layout(args))
-        return
+        return plan_universal(args, _layout(args))
     iteration = read_tracker(args.load, f"--load {args.load}")
     if iteration is not None:
-        check_layout(args.load, iteration, args)
+        return check_layout(args.load, iteration, args)
 
 
 def load_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) -> dict | None:
@@ -100,12 +99,13 @@ def load_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) ->
     draws from the RNG during setup has run."""
     iteration = None if args.universal_checkpoint else read_tracker(args.load, f"--load {args.load}")
     if args.universal_checkpoint:  # DeepSpeed cuts TP slices and DP partitions from DIR/<tag>/zero
-        path, client_state = engine.load_checkpoint(args.load, tag=args.universal_tag, load_lr_scheduler_states=False,
+        path, client_state = engine.load_checkpoint(args.load, tag=args.run_config.resume.universal_tag,
+                                                    load_lr_scheduler_states=False,
                                                     load_optimizer_states=not args.no_load_optim and not args.finetune)
     elif iteration is None:
         print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
         return None
-    elif getattr(args, "reshard_source", None):  # saved at another TP x PP layout (see check_layout)
+    elif args.run_config.resume.reshard_source:  # saved at another TP x PP layout (see check_layout)
         from megatron.resume_reshard import load_resharded
         path, client_state = load_resharded(engine, args)
     else:

@@ -3,6 +3,8 @@
 --log-params-norm / --log-num-zeros-in-grad (megatron/grad_stats.py), and the features this
 trainer does not have, each refused with one line before anything is built (a script passing them
 expects a training this trainer would not do)."""
+import argparse
+
 from megatron.model.shape import ConfigError, require as _require
 
 # flag -> (argparse keywords, the feature named in the refusal). Spellings and value types as the
@@ -40,7 +42,7 @@ REFUSED = {
 }
 
 
-def add_args(parser):
+def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("fork features (megatron/fork_features.py)")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
                    help="full = --activations-checkpoint-method (--recompute-method); selective: no effect")
@@ -65,7 +67,7 @@ def _dest(flag):
     return flag.lstrip("-").replace("-", "_")
 
 
-def refuse_and_map(args):
+def refuse_and_map(args: argparse.Namespace) -> None:
     """The refusals (one line each, in the table's order), then the recompute spellings. Runs in
     validate_args, before anything is built."""
     for flag, (_, feature) in REFUSED.items():
@@ -81,7 +83,7 @@ def refuse_and_map(args):
     map_recompute(args)
 
 
-def map_recompute(args):
+def map_recompute(args: argparse.Namespace) -> None:
     """Microsoft's fork: --recompute-granularity full --recompute-method {uniform,block}
     --recompute-num-layers N recomputes what --activations-checkpoint-method / -num-layers N do here
     (both forks' older spelling; megatron/arguments.py resolves it): uniform, chunks of N layers;
@@ -108,7 +110,7 @@ def map_recompute(args):
         args.activations_checkpoint_num_layers = args.recompute_num_layers
 
 
-def check_logging_flags(args, fp32_zero0):
+def check_logging_flags(args: argparse.Namespace, fp32_zero0: bool) -> None:
     """After the ds_config is known: the gradient's zeros are counted where the optimizer sees the
     model's own gradients (fp32 without ZeRO); the parameter norm needs whole parameters."""
     _require(not args.log_num_zeros_in_grad or fp32_zero0,

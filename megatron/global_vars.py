@@ -1,4 +1,5 @@
 """Process-wide singletons: args, timers, TensorBoard writer, tokenizer."""
+import argparse
 import time
 
 _GLOBAL_ARGS = None
@@ -7,17 +8,17 @@ _GLOBAL_TENSORBOARD_WRITER = None
 _GLOBAL_TOKENIZER = None
 
 
-def get_args():
+def get_args() -> argparse.Namespace:
     assert _GLOBAL_ARGS is not None, "args are not initialized (call initialize_megatron first)"
     return _GLOBAL_ARGS
 
 
-def set_args(args):
+def set_args(args: argparse.Namespace) -> None:
     global _GLOBAL_ARGS
     _GLOBAL_ARGS = args
 
 
-def get_timers():
+def get_timers() -> "Timers":
     global _GLOBAL_TIMERS
     if _GLOBAL_TIMERS is None:
         _GLOBAL_TIMERS = Timers()
@@ -28,7 +29,7 @@ def get_tokenizer():
     return _GLOBAL_TOKENIZER
 
 
-def set_tokenizer(tokenizer):
+def set_tokenizer(tokenizer) -> None:
     global _GLOBAL_TOKENIZER
     _GLOBAL_TOKENIZER = tokenizer
 
@@ -37,7 +38,7 @@ def get_tensorboard_writer():
     return _GLOBAL_TENSORBOARD_WRITER
 
 
-def set_tensorboard_writer(args):
+def set_tensorboard_writer(args: argparse.Namespace) -> None:
     """Only the last rank writes (it sees the loss under pipeline parallelism)."""
     global _GLOBAL_TENSORBOARD_WRITER
     if args.tensorboard_dir and args.rank == args.world_size - 1:
@@ -46,7 +47,7 @@ def set_tensorboard_writer(args):
                                                    max_queue=args.tensorboard_queue_size)
 
 
-def close_tensorboard_writer():
+def close_tensorboard_writer() -> None:
     global _GLOBAL_TENSORBOARD_WRITER
     if _GLOBAL_TENSORBOARD_WRITER is not None:
         _GLOBAL_TENSORBOARD_WRITER.close()
@@ -58,17 +59,17 @@ class _Timer:
         self.elapsed_ = 0.0
         self.started = None
 
-    def start(self):
+    def start(self) -> None:
         self.started = time.time()
 
-    def stop(self):
+    def stop(self) -> None:
         import torch
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # time the device work, not the kernel launches
         self.elapsed_ += time.time() - self.started
         self.started = None
 
-    def elapsed(self, reset=True):
+    def elapsed(self, reset: bool = True) -> float:
         value = self.elapsed_
         if reset:
             self.elapsed_ = 0.0

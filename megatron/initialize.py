@@ -1,6 +1,7 @@
 """initialize_megatron: validated args, torch.distributed (gloo on CPU, nccl on CUDA), model-parallel
-groups, seeds, tokenizer, TensorBoard writer — in that order, so bad flags fail before any of
-the expensive steps."""
+groups, tokenizer (and a --load checkpoint's fit), seeds, TensorBoard writer — in that order, so
+bad flags fail before any of the expensive steps; then the run configuration is frozen."""
+import copy
 import dataclasses
 import os
 import random
@@ -11,21 +12,27 @@ import torch
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tensorboard_writer, set_tokenizer
+from megatron.mfu import cache_mfu, resolve_mfu
+from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
 
 
-def initialize_megatron(extra_args_provider=None, args_list=None):
+def initialize_megatron(extra_args_provider=None, args_list=None) -> FrozenArgs:
+    """Returns args, read-only from here on; the run's configuration as immutable values is
+    args.run_config (megatron/run_config.py)."""
     args = parse_args(extra_args_provider, args_list)
     validate_args(args)
     _initialize_distributed(args)
     _startup_lines(args)
     set_args(args)
-    _build_tokenizer(args)
+    resume = _build_tokenizer(args, check_load=True)
     _set_random_seed(args.seed)
     set_tensorboard_writer(args)
-    return args
+    mfu = resolve_mfu(args)
+    cache_mfu(args, mfu)
+    return freeze_args(args, RunConfig.from_args(args, resume, mfu))
 
 
-def disable_deepspeed_shm_comm():
+def disable_deepspeed_shm_comm() -> None:
     """On CPU, DeepSpeed all-reduces through a JIT-compiled shared-memory op whose buffers stay in
     /dev/shm after the run (gigabytes per run, until the machine runs out of memory). gloo's own
     all-reduce does the same job and leaves nothing behind."""
@@ -76,19 +83,31 @@ def _startup_lines(args):
             print_rank_0(line)
 
 
-def _build_tokenizer(args):
+def _build_tokenizer(args, check_load: bool = False) -> ResumePlan:
+    """The tokenizer, then the model's shape completed once: the tokenizer's vocab and (with
+    check_load and --load) the vocab divisor that keeps a checkpoint's padded vocab. A checkpoint
+    that does not fit fails here, before the model is built; returns what --load will read."""
     from megatron.tokenizer import build_tokenizer
     try:
         tokenizer = build_tokenizer(args)
     except (ValueError, OSError) as e:  # unreadable or malformed --vocab-file / --merge-file
         raise ConfigError(str(e)) from None
     set_tokenizer(tokenizer)
-    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=tokenizer.vocab_size)
-    args.padded_vocab_size = args.model_shape.padded_vocab_size
+    shape = dataclasses.replace(args.model_shape, vocab_size=tokenizer.vocab_size)
     # HFTokenizer sizes the vocab without the special tokens it adds (as Microsoft's fork does)
-    if tokenizer.eod >= args.padded_vocab_size:
+    if tokenizer.eod >= shape.padded_vocab_size:
         raise ConfigError(f"the tokenizer's end-of-document id {tokenizer.eod} is outside the padded vocab "
-                          f"{args.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
+                          f"{shape.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
+    resume = ResumePlan()
+    if check_load and args.load:
+        from megatron.checkpointing import check_load_layout
+        ours = copy.copy(args)  # the checkpoint is checked against this run's completed shape
+        ours.model_shape = shape
+        resume = check_load_layout(ours) or resume
+        if resume.make_vocab_size_divisible_by is not None:
+            shape = dataclasses.replace(shape, make_vocab_size_divisible_by=resume.make_vocab_size_divisible_by)
+    args.model_shape = shape
+    return resume
 
 
 def _set_random_seed(seed):

@@ -5,6 +5,8 @@ TFLOPs in the log line keep Megatron-DeepSpeed's meaning (recompute included: ha
 MFU counts only the model's FLOPs, `flops_per_sample(shape, checkpoint_activations=False)`, so
 runs with and without activation checkpointing, and other trainers, compare on one scale.
 """
+from dataclasses import dataclass
+
 from megatron.model.analytic import flops_per_sample
 
 # Dense (no structured sparsity) peak TFLOP/s of one device, from the vendors' datasheets:
@@ -29,7 +31,7 @@ PEAK_TFLOPS = (
 _UNLISTED_VARIANTS = ("nvl", "h100 sxm5 64gb", "h800", "a800")
 
 
-def lookup_peak_tflops(device_name, dtype):
+def lookup_peak_tflops(device_name: str | None, dtype: str) -> tuple[float | None, str]:
     """(peak TFLOP/s, table entry) for a CUDA device name and a training dtype (bf16, fp16,
     tf32, fp32), or (None, reason)."""
     if not device_name:
@@ -45,7 +47,7 @@ def lookup_peak_tflops(device_name, dtype):
     return None, f"{device_name} is not in the peak table"
 
 
-def resolve_peak_tflops(peak_flag, device_name, dtype):
+def resolve_peak_tflops(peak_flag: float | None, device_name: str | None, dtype: str) -> tuple[float | None, str]:
     """(peak TFLOP/s or None, one line saying where it came from or why there is no MFU)."""
     if peak_flag is not None:
         return peak_flag, f"MFU against --peak-tflops {peak_flag:g} per device"
@@ -55,18 +57,26 @@ def resolve_peak_tflops(peak_flag, device_name, dtype):
     return peak, f"MFU against the {entry} dense {dtype} peak, {peak:g} TFLOP/s per device"
 
 
-def model_flops_per_sample(shape):
+def model_flops_per_sample(shape) -> int:
     return flops_per_sample(shape, checkpoint_activations=False)
 
 
-def model_flops_utilization(model_flops_per_sample, samples, elapsed, world_size, peak_tflops):
+def model_flops_utilization(model_flops_per_sample: float, samples: int, elapsed: float, world_size: int,
+                            peak_tflops: float) -> float:
     """MFU = model FLOPs (no recompute) x samples / time / world size / peak."""
     return model_flops_per_sample * samples / elapsed / world_size / (peak_tflops * 1e12)
 
 
-def configure_mfu(args, device_name=None):
-    """Once, at startup: cache the model FLOPs per sample and the peak on args, and say which
-    peak MFU is measured against (or why there is none)."""
+@dataclass(frozen=True)
+class MfuSettings:
+    model_flops_per_sample: int
+    peak_tflops_per_device: float | None  # None: no MFU (reason says why)
+    reason: str                           # the startup line: which peak MFU is measured against
+
+
+def resolve_mfu(args, device_name: str | None = None) -> MfuSettings:
+    """The model FLOPs per sample and the device's peak (--peak-tflops, or the table for the CUDA
+    device this rank uses)."""
     if device_name is None:
         import torch
         device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -74,12 +84,28 @@ def configure_mfu(args, device_name=None):
     else:
         tf32 = False
     dtype = "fp16" if args.fp16 else ("bf16" if args.bf16 else ("tf32" if tf32 else "fp32"))
-    args.model_flops_per_sample = model_flops_per_sample(args.model_shape)
-    args.peak_tflops_per_device, why = resolve_peak_tflops(args.peak_tflops, device_name, dtype)
-    return why
+    peak, why = resolve_peak_tflops(args.peak_tflops, device_name, dtype)
+    return MfuSettings(model_flops_per_sample(args.model_shape), peak, why)
 
 
-def interval_mfu(samples, elapsed, args):
+def configure_mfu(args, device_name: str | None = None) -> str:
+    """The line saying which peak MFU is measured against. initialize_megatron resolves it once
+    (args.run_config.mfu) and caches args.model_flops_per_sample / args.peak_tflops_per_device
+    before args is frozen; args built without it (tests, tools) get both cached here."""
+    run_config = getattr(args, "run_config", None)
+    if run_config is not None and device_name is None:
+        return run_config.mfu.reason
+    settings = resolve_mfu(args, device_name)
+    cache_mfu(args, settings)
+    return settings.reason
+
+
+def cache_mfu(args, settings: MfuSettings) -> None:
+    args.model_flops_per_sample = settings.model_flops_per_sample
+    args.peak_tflops_per_device = settings.peak_tflops_per_device
+
+
+def interval_mfu(samples: int, elapsed: float, args) -> float | None:
     """The logger's MFU over an interval, or None without a peak (configure_mfu said why)."""
     peak = getattr(args, "peak_tflops_per_device", None)
     if peak is None:

@@ -12,7 +12,6 @@ Iteration, consumed samples (the data position), gigaflos and the LR schedule ar
 client state and carry over as they are. RNG states are per TP / PP rank and do not: the run
 reseeds from --seed (dropout masks differ from the original layout's, as they would anyway).
 """
-import dataclasses
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from megatron.checkpoint_reshard import Checkpoint, table_key, tp_cut
 from megatron.memory import TrainingSetup
 from megatron.model.analytic import parameter_table
 from megatron.model.shape import ConfigError, pad_vocab_size
+from megatron.run_config import ResumePlan
 from megatron.training_state import saved_progress
 
 
@@ -61,10 +61,10 @@ def _check_precision(saved, args, where):
                           f"launch with the saved precision{flag}")
 
 
-def plan_universal(args: Any, ours: CheckpointLayout) -> None:
+def plan_universal(args: Any, ours: CheckpointLayout) -> ResumePlan:
     """--universal-checkpoint, before the model is built: DeepSpeed's converted folder holds this
     model's shape in this precision; the padded vocab is kept as saved (DeepSpeed cuts TP slices
-    of the saved tensors as they are)."""
+    of the saved tensors as they are). Returns the tag to load and the vocab divisor to keep."""
     from megatron.universal_checkpoint import check_universal_load
     where = f"--universal-checkpoint --load {args.load}"
     tag, saved, config = check_universal_load(args)
@@ -75,18 +75,19 @@ def plan_universal(args: Any, ours: CheckpointLayout) -> None:
         engine = "the pipeline engine" if saved.ds_pipeline_enabled else "--no-pipeline-parallel"
         raise ConfigError(f"{where}: saved with {engine}, whose parameter names this engine does not have; resume "
                           f"with {engine}, or with --load alone (which switches engines)")
-    _keep_padded_vocab(saved.padded_vocab_size, args, where)
-    args.universal_tag = tag
+    divisor = _keep_padded_vocab(saved.padded_vocab_size, args, where)
     print_rank_0(f"resuming DeepSpeed universal checkpoint {args.load}/{tag} at {_describe(args)} x "
                  f"DP={args.data_parallel_size}")
+    return ResumePlan(universal_tag=tag, make_vocab_size_divisible_by=divisor)
 
 
-def plan_reshard(load_dir: str, iteration: int, saved: CheckpointLayout, ours: CheckpointLayout, args: Any) -> None:
+def plan_reshard(load_dir: str, iteration: int, saved: CheckpointLayout, ours: CheckpointLayout,
+                 args: Any) -> ResumePlan:
     """Before the model is built, on every --load: nothing to do when the checkpoint fits this run
     as DeepSpeed saved it (same TP x PP layout and ZeRO stage and, for DP-partitioned optimizer
     state, the same DP size); otherwise a shape or precision mismatch, an unsupported optimizer or
     a missing / truncated shard fails here in one line, else the padded vocab is kept as saved and
-    args.reshard_source is set for load_resharded."""
+    the plan names the source for load_resharded (args.run_config.resume)."""
     where = f"--load {load_dir}"
     _check_shape(saved, ours, args, where)
     source = Checkpoint(load_dir, iteration)
@@ -99,7 +100,7 @@ def plan_reshard(load_dir: str, iteration: int, saved: CheckpointLayout, ours: C
     if setup["form"] == "flat" and setup["dp"] != args.data_parallel_size and with_optimizer:
         moved.append(f"DP={setup['dp']} -> DP={args.data_parallel_size}")
     if saved == ours and not moved:
-        return  # DeepSpeed's own load, exactly as saved
+        return ResumePlan()  # DeepSpeed's own load, exactly as saved
     now = f"{_describe(args)} x DP={args.data_parallel_size}"
     if args.model_shape.is_moe:  # DeepSpeed writes experts per EP rank; resharding them is not built
         raise ConfigError(f"{where}: resuming a mixture-of-experts checkpoint ({source.describe()} x DP={setup['dp']}, "
@@ -113,19 +114,20 @@ def plan_reshard(load_dir: str, iteration: int, saved: CheckpointLayout, ours: C
     source.check_readable()
     if with_optimizer:
         source.check_optimizer()
-    _keep_padded_vocab(saved.padded_vocab_size, args, where)
-    args.reshard_source = (load_dir, iteration)
+    divisor = _keep_padded_vocab(saved.padded_vocab_size, args, where)
     change = f" ({', '.join(moved)})" if moved else ""
     print_rank_0(f"resuming {source.describe()} checkpoint {source.step_dir} at {_describe(args)}: "
                  f"resharding weights{' and optimizer state' if with_optimizer else ''}{change}")
+    return ResumePlan(reshard_source=(load_dir, iteration), make_vocab_size_divisible_by=divisor)
 
 
-def _keep_padded_vocab(saved, args, where):
+def _keep_padded_vocab(saved: int, args, where: str) -> int | None:
     """The padded rows are real logits (they enter the softmax), so the padded vocab must stay as
-    saved: pick the --make-vocab-size-divisible-by that pads to it at this TP size."""
+    saved: returns the --make-vocab-size-divisible-by that pads to it at this TP size (None: this
+    run's already does); initialize_megatron puts it into the model's shape."""
     shape = args.model_shape
     if shape.padded_vocab_size == saved:
-        return
+        return None
     if shape.pad_vocab_size_to is not None:  # an explicit size is never overridden
         raise ConfigError(f"{where}: the checkpoint's vocab is padded to {saved}, this run's --pad-vocab-size-to is "
                           f"{shape.pad_vocab_size_to}; pass --pad-vocab-size-to {saved}")
@@ -135,10 +137,8 @@ def _keep_padded_vocab(saved, args, where):
     if divisor is None:
         raise ConfigError(f"{where}: the checkpoint's padded vocab {saved} does not split over "
                           f"--tensor-model-parallel-size {tp}; use a TP size that divides {saved}")
-    args.model_shape = dataclasses.replace(shape, make_vocab_size_divisible_by=divisor)
-    args.make_vocab_size_divisible_by = divisor
-    args.padded_vocab_size = saved
     print_rank_0(f"vocabulary kept padded to {saved} as saved (--make-vocab-size-divisible-by {divisor} at TP={tp})")
+    return divisor
 
 
 def _cut(value, spec, tp, tp_rank):
@@ -151,7 +151,7 @@ def load_resharded(engine: Any, args: Any) -> tuple[str, dict]:
     """Fills this rank's module and optimizer from the saved checkpoint of another layout;
     returns (path, client state) as engine.load_checkpoint does, without the RNG state."""
     from megatron.deepspeed_internals import holds_flat_partitions, set_progress_counters, write_flat_state
-    load_dir, iteration = args.reshard_source
+    load_dir, iteration = args.run_config.resume.reshard_source
     source = Checkpoint(load_dir, iteration)
     shape = args.model_shape
     tp, tp_rank = shape.tensor_model_parallel_size, mpu.get_tensor_model_parallel_rank()

@@ -7,7 +7,6 @@ from argparse import Namespace
 from collections.abc import Callable
 
 from megatron import print_rank_0
-from megatron.checkpointing import check_load_layout
 from megatron.global_vars import close_tensorboard_writer
 from megatron.initialize import initialize_megatron
 from megatron.trainer import Trainer, TrainerHooks, exit_signals
@@ -28,8 +27,6 @@ def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callab
         print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
         close_tensorboard_writer()
         return args, TrainingProgress()
-    if args.load:
-        check_load_layout(args)  # a mismatched checkpoint fails before the model is built
     trainer = Trainer(args, model_provider, forward_step_func, hooks=hooks, start_time=start)
     trainer.run(train_valid_test_dataset_provider, batch_fn)
     return args, trainer.progress

@@ -244,9 +244,18 @@ def compute_moe_parameter_counts(model, mpu, shape):
                            tuple(StageCount(*stages[3 * s: 3 * s + 3]) for s in range(num_stages)), experts_active)
 
 
-def cache_parameter_counts(args, counts):
+# what cache_parameter_counts writes: the only names written onto args after initialize_megatron
+# (megatron/run_config.py: FrozenArgs refuses any other)
+COUNT_CACHE = ("parameter_counts", "parameter_components", "parameter_stages", "parameters", "parameters_no_embedding",
+               "parameters_in_billions", "parameters_in_billions_no_embedding", "parameters_active",
+               "parameters_active_no_embedding", "parameters_active_in_billions",
+               "parameters_active_in_billions_no_embedding", "flops_per_sample")
+
+
+def cache_parameter_counts(args, counts: ParameterCounts):
     """The names users and scripts read: args.parameters, args.parameters_no_embedding, the
-    *_in_billions floats, and the FLOPs per sample that follow from the same shape."""
+    *_in_billions floats, and the FLOPs per sample that follow from the same shape. Once, after
+    the model is built."""
     args.parameter_counts = counts
     args.parameter_components = counts.components
     args.parameter_stages = counts.stages  # [(layers, elements on TP rank 0, owned elements)] per stage

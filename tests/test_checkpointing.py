@@ -176,7 +176,7 @@ def _save_while_rank1_stalls(save_dir):
         "--micro-batch-size", "2", "--lr", "0.1", "--train-iters", "2", "--mock-data", "--vocab-size", "128",
         "--pipeline-model-parallel-size", "2", "--save", save_dir]), world_size=2, cuda_available=False)
     args.model_shape = dataclasses.replace(args.model_shape, vocab_size=128)
-    args.padded_vocab_size, args.rank = args.model_shape.padded_vocab_size, dist.get_rank()
+    args.rank = dist.get_rank()  # args.padded_vocab_size follows the shape
     assert args.model_shape == config.shape
     lr_scheduler = AnnealingLR(optimizer, 0.1, 0.0, 0, 100, "constant")
 

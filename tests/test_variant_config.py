@@ -156,8 +156,7 @@ def test_describe_and_report_name_the_variant():
 
 def with_vocab(args, vocab=600):
     """As initialize_megatron completes the shape once the tokenizer is built (600 pads to 640)."""
-    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=vocab)
-    args.padded_vocab_size = args.model_shape.padded_vocab_size
+    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=vocab)  # args.padded_vocab_size follows
     return args
 
 

@@ -10,34 +10,34 @@ class ConfigError(ValueError):
     """A bad flag combination. Its message is one line naming the flag and the fix."""
 
 
-def require(cond, message):
+def require(cond: object, message: str) -> None:
     if not cond:
         raise ConfigError(message)
 
 
 # the value rules of single flags, one wording for the trainer, tools/param_count.py and the shape
-def require_positive(flag, value):
+def require_positive(flag: str, value: float | None) -> None:
     """Sizes, counts and intervals: None (not given) or > 0."""
     require(value is None or value > 0, f"{flag} {value} must be positive")
 
 
-def require_non_negative(flag, value):
+def require_non_negative(flag: str, value: float | None) -> None:
     require(value is None or value >= 0, f"{flag} {value} must be >= 0")
 
 
-def require_fraction(flag, value, below_one=False):
+def require_fraction(flag: str, value: float | None, below_one: bool = False) -> None:
     """A probability or fraction: in [0, 1] (or [0, 1) where 1 breaks the math, as for Adam's betas)."""
     ok = value is None or (0 <= value < 1 if below_one else 0 <= value <= 1)
     require(ok, f"{flag} {value} must be in [0, {'1)' if below_one else '1]'}")
 
 
-def pad_vocab_size(orig_vocab_size, make_vocab_size_divisible_by, tensor_model_parallel_size):
+def pad_vocab_size(orig_vocab_size: int, make_vocab_size_divisible_by: int, tensor_model_parallel_size: int) -> int:
     """Megatron pads the vocab so that each TP rank's slice is a multiple of the divisor."""
     multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
     return ((orig_vocab_size + multiple - 1) // multiple) * multiple
 
 
-def moe_fields_from_args(args):
+def moe_fields_from_args(args) -> dict:
     """The MoE flags (megatron/arguments.py: _add_moe_args); absent ones keep the dense defaults."""
     names = ("num_experts", "expert_interval", "topk", "moe_expert_parallel_size", "mlp_type",
              "enable_expert_tensor_parallelism")
@@ -55,7 +55,7 @@ GLU_ACTIVATIONS = ("geglu", "liglu", "reglu", "swiglu")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 
 
-def swiglu_ffn_hidden_size(hidden_size):
+def swiglu_ffn_hidden_size(hidden_size: int) -> int:
     """Microsoft Megatron-DeepSpeed's --swiglu default, int((4 h * 2 / 3) / 64) * 64: two thirds
     of 4h (the GLU has a third matrix), rounded down to a multiple of 64. Integer arithmetic
     gives the same floor: 8h/3 is never within rounding error of a multiple of 64 unless it is one."""
@@ -68,28 +68,28 @@ class ModelShape:
     hidden_size: int
     num_attention_heads: int
     seq_length: int
-    vocab_size: int = None               # the tokenizer's, unpadded; None until it is known
-    ffn_hidden_size: int = None          # default 4 x hidden size (--swiglu: swiglu_ffn_hidden_size)
-    max_position_embeddings: int = None  # default seq length; bounds the sequence with any positions
+    vocab_size: int | None = None              # the tokenizer's, unpadded; None until it is known
+    ffn_hidden_size: int | None = None         # default 4 x hidden size (--swiglu: swiglu_ffn_hidden_size)
+    max_position_embeddings: int | None = None  # default seq length; bounds the sequence with any positions
     make_vocab_size_divisible_by: int = 128
-    pad_vocab_size_to: int = None        # BigScience's --pad-vocab-size-to: exactly this many rows
+    pad_vocab_size_to: int | None = None       # BigScience's --pad-vocab-size-to: exactly this many rows
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     # which stage holds which layer (megatron/model/partition.py); None: balanced by FLOPs
-    pp_partition_method: str = None
+    pp_partition_method: str | None = None
     # architecture variants (GPT-2 when left at their defaults)
     position_embedding_type: str = "absolute"  # absolute (learned table), rotary, alibi, none
     rotary_percent: float = 1.0                # rotary on the first int(head dim x this) channels of a head
-    glu_activation: str = None                 # None: GeLU MLP; else dense_h_to_4h has 2 x ffn outputs
+    glu_activation: str | None = None          # None: GeLU MLP; else dense_h_to_4h has 2 x ffn outputs
     swiglu: bool = False                       # --swiglu: glu_activation swiglu, and its ffn default
     normalization: str = "layernorm"           # or rmsnorm (weight only)
     embed_layernorm: bool = False              # a LayerNorm after the word embedding (first stage)
     add_bias_linear: bool = True               # False: no bias in QKV, dense, and the MLP linears
-    num_key_value_heads: int = None            # default num_attention_heads (MHA); 1: MQA
-    kv_channels: int = None                    # head dim; default hidden size / heads
+    num_key_value_heads: int | None = None     # default num_attention_heads (MHA); 1: MQA
+    kv_channels: int | None = None             # head dim; default hidden size / heads
     untie_embeddings_and_output_weights: bool = False
     # --- mixture of experts (DeepSpeed-MoE, Megatron-DeepSpeed's flags); defaults: dense ---
-    num_experts: tuple = (1,)            # one value, or one per MoE layer (num_layers // expert_interval)
+    num_experts: tuple[int, ...] = (1,)  # one value, or one per MoE layer (num_layers // expert_interval)
     expert_interval: int = 2             # layer l (1-based) is an MoE layer when l % expert_interval == 0
     topk: int = 1
     moe_expert_parallel_size: int = 1
@@ -204,7 +204,7 @@ class ModelShape:
             require(self.topk <= e, f"--topk {self.topk} exceeds --num-experts {e}")
         require(experts or ep == 1, f"--moe-expert-parallel-size {ep} needs MoE layers (--num-experts > 1)")
 
-    def experts_per_layer(self):
+    def experts_per_layer(self) -> list[int]:
         """Experts of each transformer layer (1: dense MLP), Megatron-DeepSpeed's rule: layer l
         (1-based) is an MoE layer when l % expert_interval == 0, and MoE layer j (0-based) takes
         num_experts[j] (a single value applies to every MoE layer)."""
@@ -214,11 +214,11 @@ class ModelShape:
                 for layer in range(1, self.num_layers + 1)]
 
     @property
-    def is_moe(self):
+    def is_moe(self) -> bool:
         return any(e > 1 for e in self.experts_per_layer())
 
     @classmethod
-    def from_args(cls, args, vocab_size=None):
+    def from_args(cls, args, vocab_size: int | None = None) -> "ModelShape":
         """Megatron flags (both forks' spellings, see arguments.py) -> a shape."""
         return cls(num_layers=args.num_layers, hidden_size=args.hidden_size,
                    num_attention_heads=args.num_attention_heads, seq_length=args.seq_length,
@@ -238,40 +238,40 @@ class ModelShape:
                    **moe_fields_from_args(args))
 
     @property
-    def padded_vocab_size(self):
+    def padded_vocab_size(self) -> int:
         assert self.vocab_size is not None, "the vocab size is not known yet (build the tokenizer first)"
         if self.pad_vocab_size_to is not None:
             return self.pad_vocab_size_to
         return pad_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, self.tensor_model_parallel_size)
 
     @property
-    def head_dim(self):
+    def head_dim(self) -> int:
         return self.kv_channels
 
     @property
-    def rotary_dim(self):
+    def rotary_dim(self) -> int:
         """Channels of each head that rotary rotates (Microsoft's --rotary-percent: int(d x p)); the
         rest pass through unrotated."""
         return int(self.kv_channels * self.rotary_percent)
 
     @property
-    def glu(self):
+    def glu(self) -> bool:
         return self.glu_activation is not None
 
     @property
-    def tied(self):
+    def tied(self) -> bool:
         return not self.untie_embeddings_and_output_weights
 
-    def layers_per_stage(self):
+    def layers_per_stage(self) -> list[int]:
         """Transformer layers per pipeline stage under the shape's split (partition.py)."""
         from .partition import TRANSFORMER_ITEM, stage_items
         return [sum(item.name == TRANSFORMER_ITEM for item in items) for items in stage_items(self)]
 
-    def variant(self):
+    def variant(self) -> dict:
         """What, besides the sizes, decides which tensors the model has (checkpoint layouts)."""
         return {field: getattr(self, field) for field in VARIANT_FIELDS}
 
-    def describe(self):
+    def describe(self) -> str:
         """One line naming the variant, e.g. "rotary, swiglu ffn 320, rmsnorm, 8 query / 2 kv heads,
         untied, no bias"."""
         positions = {"absolute": "learned positions", "none": "no positions"}.get(self.position_embedding_type,
@@ -293,7 +293,7 @@ VARIANT_FIELDS = ("position_embedding_type", "rotary_percent", "glu_activation",
                   "add_bias_linear", "num_key_value_heads", "kv_channels", "untie_embeddings_and_output_weights")
 
 
-def gpt2_variant(num_attention_heads, hidden_size):
+def gpt2_variant(num_attention_heads: int, hidden_size: int) -> dict:
     """The variant of a GPT-2 shape (what a checkpoint written before variants existed holds)."""
     return ModelShape(num_layers=1, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
                       seq_length=1).variant()
