@@ -51,8 +51,7 @@ def run_args(extra, world_size):
     """The validated arguments of a run, with the shape completed as initialize_megatron does once
     the (null) tokenizer of --vocab-size 600 is built."""
     args = validate_args(parse_args(args_list=TINY + extra), world_size=world_size, cuda_available=False)
-    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=600)
-    args.padded_vocab_size = args.model_shape.padded_vocab_size
+    args.model_shape = dataclasses.replace(args.model_shape, vocab_size=600)  # args.padded_vocab_size follows
     return args
 
 
