@@ -36,7 +36,7 @@ def writer(monkeypatch):
 
 # 4 ranks, DP 2, seq 32, 1e12 FLOPs per sample with recompute, 5e11 without, a 1 TFLOP/s peak
 ARGS = SimpleNamespace(flops_per_sample=1e12, model_flops_per_sample=5e11, peak_tflops_per_device=1.0,
-                       world_size=4, data_parallel_size=2, seq_length=32, total_iterations=100,
+                       world_size=4, data_parallel_size=2, seq_length=32,
                        log_batch_size_to_tensorboard=True, log_timers_to_tensorboard=True,
                        log_validation_ppl_to_tensorboard=True)
 PROGRESS = SimpleNamespace(iteration=12, consumed_train_samples=96, consumed_train_tokens=96 * 32,
@@ -49,7 +49,7 @@ def test_training_line_and_scalars_by_hand(writer, capsys):
     stats.add(torch.tensor(100.0), samples=8, applied=False)  # an overflow step: its loss is not the model's
     stats.add(torch.tensor(4.0), samples=8, applied=True)
     training_log(stats, elapsed=2.0, lr=3e-4, grad_norm=torch.tensor(1.25), loss_scale=None, global_batch_size=8,
-                 progress=PROGRESS, args=ARGS)
+                 progress=PROGRESS, args=ARGS, total_iterations=100)
     line = capsys.readouterr().out
     # 24 samples in 2 s: 12 samples/s, 384 tokens/s, per replica (DP 2) 6 and 192;
     # TFLOPs per GPU 1e12 x 24 / (2 s x 4 ranks) / 1e12 = 3; MFU 5e11 x 24 / 2 / 4 / 1e12 = 150 %
@@ -91,7 +91,7 @@ def test_validation_line_and_perplexity_by_hand(writer, capsys, loss, ppl):
 
 def test_evaluation_is_the_mean_over_eval_iters():
     """Three batches with losses 1, 2 and 6: mean 3; 3 batches of the current global batch 8 read."""
-    from megatron.training import evaluate
+    from megatron.trainer import Trainer
 
     class Engine:
         def __init__(self):
@@ -106,5 +106,8 @@ def test_evaluation_is_the_mean_over_eval_iters():
     losses = iter([1.0, 2.0, 6.0])
     steps = SimpleNamespace(engine=Engine(), eval_batch=lambda data: torch.tensor(next(losses)))
     calculator = SimpleNamespace(get_current_global_batch_size=lambda: 8)
-    assert evaluate(steps, None, calculator, SimpleNamespace(eval_iters=3)) == (3.0, 24)
+    trainer = Trainer.__new__(Trainer)  # the parts evaluate() reads, without building a model
+    trainer.args, trainer.engine, trainer.steps = SimpleNamespace(eval_iters=3), steps.engine, steps
+    trainer.calculator = calculator
+    assert trainer.evaluate(None) == (3.0, 24)
     assert steps.engine.modes == ["eval", "train"]
