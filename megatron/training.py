@@ -20,7 +20,7 @@ from megatron.learning_rates import AnnealingLR, schedule_lengths
 from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations, run_length
 from megatron.model.analytic import gigaflos_no_embeds
-from megatron.model.moe import pop_moe_loss
+from megatron.engine import pop_moe_loss
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.optimizer import build_optimizer, uses_own_clipping
