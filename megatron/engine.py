@@ -1,13 +1,19 @@
 """One interface over DeepSpeed's two engines, so the training loop and evaluation have no
 engine branch: `train_batch(data_iterator)` runs one whole iteration (every micro-batch, the
 backward passes and the optimizer step) and `eval_batch(data_iterator)` one evaluation batch;
-both return the loss averaged over the global batch (all micro-batches and DP replicas)."""
+both return the loss averaged over the global batch (all micro-batches and DP replicas).
+An MoE model's load-balancing loss gets its gradient scale here (`_moe_aux_loss_scale`) and its
+logged value from `pop_moe_loss`."""
+from __future__ import annotations
+
 import torch
 
 from megatron import mpu
+from megatron.deepspeed_internals import current_loss_scale
+from megatron.model.moe.aux_loss import aux_loss_gradient_scale, take_recorded_moe_losses
 
 
-def average_over_data_parallel(loss):
+def average_over_data_parallel(loss: torch.Tensor) -> torch.Tensor:
     """The mean of a per-replica loss over the DP group (every replica gets the same value)."""
     if mpu.get_data_parallel_world_size() > 1:
         loss = loss.clone()
@@ -23,7 +29,8 @@ class PipelineSteps:
         self.engine = engine
 
     def train_batch(self, data_iterator):
-        return self.engine.train_batch(data_iter=data_iterator)
+        with _moe_aux_loss_scale(self.engine):
+            return self.engine.train_batch(data_iter=data_iterator)
 
     def eval_batch(self, data_iterator):
         return self.engine.eval_batch(data_iter=data_iterator)
@@ -41,6 +48,10 @@ class ModuleSteps:
         return self.engine.gradient_accumulation_steps()
 
     def train_batch(self, data_iterator):
+        with _moe_aux_loss_scale(self.engine):
+            return self._train_batch(data_iterator)
+
+    def _train_batch(self, data_iterator):
         total = 0.0
         for _ in range(self._micro_batches()):
             loss = self.forward_step_func(next(data_iterator), self.engine)
@@ -58,3 +69,26 @@ class ModuleSteps:
 def engine_steps(engine, forward_step_func, args):
     return PipelineSteps(engine) if args.ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
 
+
+def _moe_aux_loss_scale(engine):
+    """While a training batch runs: the MoE aux losses' gradient is the one DeepSpeed gives the lm
+    loss, the loss scale (fp16) over the gradient-accumulation steps (megatron/model/moe/aux_loss.py)."""
+    return aux_loss_gradient_scale(current_loss_scale(engine) or 1.0, engine.gradient_accumulation_steps())
+
+
+def pop_moe_loss() -> torch.Tensor | None:
+    """The `moe loss` of the iteration that just ran, for the log: the mean over its training
+    micro-batches of what the model's forward recorded on this rank (GPTModelPipe: the stage's own
+    layers' part, summed here over the pipeline stages), averaged over DP like the lm loss; the
+    record is then empty. None for a dense model. Collective on every rank of an MoE model."""
+    recorded = take_recorded_moe_losses()
+    if not recorded:
+        return None
+    loss = torch.stack(recorded).mean().to(_device())
+    if mpu.get_pipeline_model_parallel_world_size() > 1:
+        torch.distributed.all_reduce(loss, group=mpu.get_pipeline_model_parallel_group())
+    return average_over_data_parallel(loss)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

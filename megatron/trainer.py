@@ -16,14 +16,13 @@ import torch
 from megatron import mpu, print_rank_0
 from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
 from megatron.deepspeed_internals import current_loss_scale, save_and_load_as_moe, skip_gradient_allreduce
-from megatron.engine import engine_steps
+from megatron.engine import engine_steps, pop_moe_loss
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.grad_stats import ZeroCounter, params_norm
 from megatron.learning_rates import AnnealingLR, schedule_lengths
 from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import gigaflos_no_embeds
-from megatron.model.moe import pop_moe_loss
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms

@@ -36,25 +36,10 @@ FOREIGN_PRIVATE = {"_utils", "_flatten_dense_tensors", "_unflatten_dense_tensors
                    "_replace", "_asdict", "_fields", "_exit", "_run_exitfuncs"}
 MODULE_DUNDERS = {"__version__", "__file__", "__path__", "__name__", "__doc__", "__dict__", "__class__"}
 
-# Sites the integrator replaces after merging (megatron/training.py and megatron/model/* are
-# rewritten by other helpers meanwhile); the replacement calls are in megatron/deepspeed_internals.py.
+# The one site that cannot move: DeepSpeed's PipelineModule calls _partition_layers from its
+# constructor, so our default split must override it in the subclass itself.
 ALLOWED = {
-    ("megatron/model/gpt_model.py", "import deepspeed.runtime.utils"),
-    ("megatron/model/gpt_model.py", "private self._set_bounds"),
     ("megatron/model/gpt_model.py", "override PipelineModule._partition_layers"),
-    ("megatron/model/gpt_model.py", "override PipelineModule.parts"),
-    ("megatron/model/gpt_model.py", "override PipelineModule.seed_layers"),
-    ("megatron/model/moe.py", "import deepspeed.utils"),
-    ("megatron/model/moe.py", "import deepspeed.moe"),
-    ("megatron/model/moe.py", "private groups._get_expert_parallel_rank"),
-    ("megatron/model/moe.py", "private groups._get_expert_parallel_group_dict"),
-    ("megatron/model/moe.py", "private groups._create_expert_data_and_model_parallel"),
-    ("megatron/model/moe.py", "private groups._create_expert_and_data_parallel"),
-    ("megatron/model/moe.py", "private groups._get_expert_data_parallel_rank"),
-    ("megatron/model/moe.py", "private mappings._gather_tokens"),
-    ("megatron/model/moe.py", "write groups.mpu"),
-    ("megatron/model/moe.py", "write mappings._gather_tokens"),
-    ("megatron/model/moe.py", "write checkpoint_engine.is_data_parallel_writer"),
 }
 
 

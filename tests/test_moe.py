@@ -49,8 +49,85 @@ def _reference_and_flops():
     return out
 
 
-def test_flops_formula_and_numel_at_tp1_ep1():
-    [out] = run_distributed(1, _reference_and_flops)
+# (activation checkpointing, loss scale, micro-batches): DeepSpeed multiplies the lm loss by the
+# loss scale (fp16) and divides it by the gradient-accumulation steps before backward
+AUX_LOSS_CASES = [(False, 1.0, 3), (True, 8.0, 4)]
+AUX_COEFF = 0.7
+
+
+def _aux_loss_gradients(cases):
+    """Per case: an MoE model's gradient under the engine's aux-loss scale (megatron/engine.py sets
+    it around a training batch), and the reference, written out here: the same weights with
+    --moe-loss-coeff 0 give the lm loss's gradient, and DeepSpeed's own l_aux of each MoE layer
+    (MOELayer.l_aux) gives coeff x l_aux's, both scaled as DeepSpeed scales the loss."""
+    import torch
+    from megatron.model.moe import MoEOptions
+    from megatron.model.moe.aux_loss import aux_loss_gradient_scale, take_recorded_moe_losses
+    out = []
+    for checkpoint, loss_scale, micro_batches in cases:
+        def build(coeff):
+            return _build(num_experts=(4,), expert_interval=1, topk=2, attention_impl="math",
+                          moe=MoEOptions(loss_coeff=coeff, top2_2nd_expert_sampling=False),
+                          checkpoint_activations=checkpoint, checkpoint_num_layers=1)
+        config, model = build(AUX_COEFF)
+        tokens, labels, loss_mask = tiny_batch(config, batch_size=BATCH, seq_length=SHAPE["seq_length"])
+        take_recorded_moe_losses()
+        with aux_loss_gradient_scale(loss_scale, micro_batches):
+            loss = model(tokens, labels, loss_mask)
+            (loss * loss_scale / micro_batches).backward()
+        recorded = take_recorded_moe_losses()
+        got = {name: p.grad for name, p in model.named_parameters()}
+
+        _, reference = build(0.0)  # the same seed: the same weights, routing and l_aux
+        reference.language_model.encoder.checkpoint_activations = False
+        ref_loss = reference(tokens, labels, loss_mask)
+        l_aux = [layer.mlp.deepspeed_moe.l_aux for layer in reference.language_model.encoder.layers]
+        params = [p for _, p in reference.named_parameters()]
+        lm_grads = torch.autograd.grad(ref_loss * loss_scale / micro_batches, params, retain_graph=True,
+                                       allow_unused=True)
+        aux_grads = torch.autograd.grad(AUX_COEFF * sum(l_aux) * loss_scale / micro_batches, params,
+                                        allow_unused=True)
+        names = [name for name, _ in reference.named_parameters()]
+        want = {n: sum(g for g in (lm, aux) if g is not None) for n, lm, aux in zip(names, lm_grads, aux_grads)}
+        aux_part = {n: g for n, g in zip(names, aux_grads) if g is not None}
+        out.append(dict(loss=(loss.item(), ref_loss.item()), got=got, want=want, aux_part=aux_part,
+                        recorded=[r.item() for r in recorded], l_aux=[t.item() for t in l_aux]))
+    return out
+
+
+def _tp1_ep1_checks():
+    return dict(flops=_reference_and_flops(), aux=_aux_loss_gradients(AUX_LOSS_CASES))
+
+
+@pytest.fixture(scope="module")
+def tp1_ep1():
+    """One worker process for the TP=1 EP=1 checks."""
+    [out] = run_distributed(1, _tp1_ep1_checks)
+    return out
+
+
+def test_aux_loss_reaches_the_gradient_once_scaled_like_the_lm_loss(tp1_ep1):
+    """The aux loss rides on the layer output's gradient (megatron/model/moe/aux_loss.py): the
+    gradient is that of (lm loss + coeff x sum of l_aux) x loss scale / micro-batches, with and
+    without recomputation; the value stays the lm loss; a training forward records the moe loss
+    once (a recomputation records nothing)."""
+    import torch
+    for (checkpoint, loss_scale, micro_batches), case in zip(AUX_LOSS_CASES, tp1_ep1["aux"]):
+        assert case["loss"][0] == case["loss"][1], checkpoint  # the lm loss alone, bit for bit
+        assert case["recorded"] == [pytest.approx(AUX_COEFF * sum(case["l_aux"]), rel=1e-6)], checkpoint
+        assert set(case["got"]) == set(case["want"])
+        for name, grad in case["got"].items():
+            torch.testing.assert_close(grad, case["want"][name], rtol=1e-5, atol=1e-6, msg=f"{checkpoint} {name}")
+        # the aux part is far above the tolerance (in the routers, and through the hidden states
+        # everything below them): a gradient without it would fail the comparison above
+        gates = [n for n in case["aux_part"] if "gate" in n]
+        assert len(gates) == 2
+        for name in gates:
+            assert case["aux_part"][name].norm() > 0.01 * case["want"][name].norm(), name
+
+
+def test_flops_formula_and_numel_at_tp1_ep1(tp1_ep1):
+    out = tp1_ep1["flops"]
     shape = ModelShape(**SHAPE, num_experts=(4,), mlp_type="residual")
     assert out["numel"] == analytic_parameter_counts(shape).total
     table = {spec.key if spec.layer == 2 else None: spec.shape for spec in parameter_table(shape)}

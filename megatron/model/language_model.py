@@ -1,16 +1,19 @@
 """Input embedding (word, then an optional LayerNorm, plus learned positions when the shape has
 them), the untied output layer, and the output logits."""
+from __future__ import annotations
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
 from megatron.mpu.layers import _sliced_parameter
+from .config import GPTConfig
 from .layer_norm import LayerNorm
 
 
 class Embedding(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         shape = config.shape
         self.word_embeddings = mpu.VocabParallelEmbedding(shape.padded_vocab_size, shape.hidden_size,
@@ -30,10 +33,10 @@ class Embedding(nn.Module):
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
 
     @property
-    def word_embeddings_weight(self):
+    def word_embeddings_weight(self) -> torch.Tensor:
         return self.word_embeddings.weight
 
-    def forward(self, input_ids):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: [b, s] -> [s, b, h]
         embeddings = self.word_embeddings(input_ids)  # [b, s, h]
         if self.embedding_layernorm is not None:
@@ -47,23 +50,23 @@ class OutputLayer(nn.Module):
     """The untied output layer (--untie-embeddings-and-output-weights): its own weight [V, h],
     split along the vocabulary like the word embedding."""
 
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         shape = config.shape
         self.weight = _sliced_parameter((shape.padded_vocab_size, shape.hidden_size), 0, config.init_method(),
                                         config.params_dtype)
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return parallel_lm_logits(hidden_states, self.weight)
 
 
-def parallel_lm_logits(hidden_states, word_embeddings_weight):
+def parallel_lm_logits(hidden_states: torch.Tensor, word_embeddings_weight: torch.Tensor) -> torch.Tensor:
     """[s, b, h] x [V/tp, h] -> [s, b, V/tp]: logits for this TP rank's vocabulary slice."""
     hidden_states = mpu.copy_to_tensor_model_parallel_region(hidden_states)
     return F.linear(hidden_states, word_embeddings_weight)
 
 
-def lm_loss(logits, labels, loss_mask):
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """Mean token loss over the unmasked tokens. logits [s, b, V/tp]; labels, loss_mask [b, s]."""
     losses = mpu.vocab_parallel_cross_entropy(logits, labels.t())  # [s, b]
     loss_mask = loss_mask.t().float()

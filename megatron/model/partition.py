@@ -56,7 +56,7 @@ def pipe_items(shape: ModelShape) -> tuple[PipeItem, ...]:
     items += [PipeItem(TRANSFORMER_ITEM, i + 1, _local(_transformer_layer_or_moe_specs(shape, i + 1), shape),
                        3 * flops) for i, flops in enumerate(layer_forward_flops(shape))]
     if shape.is_moe:
-        items.append(PipeItem("take", None, 0, 0))  # GPTModelPipe's _MoELossToTheLoss.take
+        items.append(PipeItem("take", None, 0, 0))  # gpt_model.take
     norm = "RMSNorm" if shape.normalization == "rmsnorm" else "LayerNorm"
     norm_params = _local(_norm_specs(L + 1, "", shape.hidden_size, shape.normalization), shape)
     items.append(PipeItem(norm, L + 1, norm_params, 0))

@@ -1,7 +1,11 @@
 """GPT transformer block, Megatron layout: pre-norm (LayerNorm or RMSNorm), fused column-parallel
-QKV (multi-head, grouped- or multi-query), row-parallel output projections, GeLU or GLU MLP,
-learned / rotary / ALiBi / no positions. Activations are [s, b, h] (sequence first)."""
+QKV (multi-head, grouped- or multi-query), row-parallel output projections, GeLU or GLU MLP
+(mlp.py) or an MoE layer (moe/), learned / rotary / ALiBi / no positions. Activations are [s, b, h]
+(sequence first)."""
+from __future__ import annotations
+
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -9,38 +13,18 @@ from torch import nn
 
 from megatron import mpu
 from megatron.mpu.layers import divide
+
+from .config import GPTConfig
 from .layer_norm import norm_class
-from .moe import build_mlp
+from .mlp import ParallelMLP
+from .moe.layer import MoEMLP
 from .positional_embeddings import alibi_causal_bias, alibi_slopes, apply_rotary, rotary_tables
 
 
-GLU_ACTIVATION_FUNCTIONS = {"geglu": F.gelu, "liglu": lambda x: x, "reglu": F.relu, "swiglu": F.silu}
-
-
-class ParallelMLP(nn.Module):
-    """GeLU MLP, or a GLU: act(gate) * value. A GLU's dense_h_to_4h has 2f output rows laid out
-    as pairs (row 2j: gate unit j, row 2j+1: its value unit), so the TP chunk of a rank holds the
-    matching gates and values and TP=n computes the function of TP=1 from its slices.
-    tensor_parallel=False: the same MLP whole on this rank (an MoE expert that is not TP-split)."""
-
-    def __init__(self, config, tensor_parallel=True):
-        super().__init__()
-        shape = config.shape
-        h, f, bias = shape.hidden_size, shape.ffn_hidden_size, shape.add_bias_linear
-        self.glu = GLU_ACTIVATION_FUNCTIONS[shape.glu_activation] if shape.glu else None
-        self.dense_h_to_4h = mpu.ColumnParallelLinear(h, 2 * f if self.glu else f, config.init_method(), bias=bias,
-                                                      params_dtype=config.params_dtype,
-                                                      tensor_parallel=tensor_parallel)
-        self.dense_4h_to_h = mpu.RowParallelLinear(f, h, config.output_init_method(), bias=bias,
-                                                   params_dtype=config.params_dtype, tensor_parallel=tensor_parallel)
-
-    def forward(self, hidden_states):
-        # [s, b, h] -> [s, b, f/tp] (a GLU: [s, b, 2f/tp] -> gate, value) -> [s, b, h]
-        intermediate = self.dense_h_to_4h(hidden_states)
-        if self.glu is None:
-            return self.dense_4h_to_h(F.gelu(intermediate))
-        gate, value = intermediate.unflatten(-1, (-1, 2)).unbind(-1)
-        return self.dense_4h_to_h(self.glu(gate) * value)
+def build_mlp(config: GPTConfig, layer_number: int) -> ParallelMLP | MoEMLP:
+    """The MLP slot of transformer layer `layer_number` (1-based): ParallelMLP or MoEMLP."""
+    num_experts = config.shape.experts_per_layer()[layer_number - 1]
+    return ParallelMLP(config) if num_experts == 1 else MoEMLP(config, num_experts)
 
 
 class ParallelAttention(nn.Module):
@@ -49,7 +33,7 @@ class ParallelAttention(nn.Module):
     g/tp key/value heads. The fused QKV weight has one row block per kv group -- its a/g query
     heads, then its key head, then its value head -- so a TP chunk holds whole groups."""
 
-    def __init__(self, config):
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         shape = config.shape
         tp = mpu.get_tensor_model_parallel_world_size()
@@ -106,7 +90,7 @@ class ParallelAttention(nn.Module):
                                                   dropout_p=dropout_p, enable_gqa=gqa)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         s, b, _ = hidden_states.shape
         mixed = self.query_key_value(hidden_states)                      # [s, b, ng*(a/g+2)*hn]
         mixed = mixed.view(s, b, self.num_kv_heads, self.group_size + 2, self.head_dim)
@@ -129,7 +113,7 @@ class ParallelAttention(nn.Module):
 
 
 class ParallelTransformerLayer(nn.Module):
-    def __init__(self, config, layer_number):
+    def __init__(self, config: GPTConfig, layer_number: int) -> None:
         super().__init__()
         self.layer_number = layer_number
         self.total_layers = config.shape.num_layers  # the model's, whichever stage holds this layer
@@ -140,34 +124,31 @@ class ParallelTransformerLayer(nn.Module):
         self.post_attention_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
         self.mlp = build_mlp(config, layer_number)  # ParallelMLP, or DeepSpeed's MoE in an MoE layer
 
-    def forward(self, hidden_states, moe_loss=None):
-        """hidden states -> hidden states; in an MoE model, once an MoE layer has run,
-        (hidden states, moe loss so far) -> (hidden states, moe loss + this layer's)."""
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[s, b, h] -> [s, b, h]. An MoE layer's load-balancing loss rides on its MLP output's
+        gradient (megatron/model/moe/aux_loss.py)."""
         # hidden states are replicated across TP ranks: default RNG, identical masks
         attn = self.self_attention(self.input_layernorm(hidden_states))
         hidden_states = hidden_states + F.dropout(attn, p=self.hidden_dropout, training=self.training)
         mlp = self.mlp(self.post_attention_layernorm(hidden_states))
-        if isinstance(mlp, tuple):  # MoE: (output, coeff x l_aux)
-            mlp, layer_moe_loss = mlp
-            moe_loss = layer_moe_loss if moe_loss is None else moe_loss + layer_moe_loss
-        hidden_states = hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
-        return hidden_states if moe_loss is None else (hidden_states, moe_loss)
+        return hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
 
 
-def run_layers(layers, state):
-    """Run `layers` on a hidden-states tensor or a (hidden states, moe loss) pair."""
+Layer = Callable[[torch.Tensor], torch.Tensor]
+
+
+def run_layers(layers: Sequence[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
     for layer in layers:
-        state = layer(*state) if isinstance(state, tuple) else layer(state)
-    return state
+        hidden_states = layer(hidden_states)
+    return hidden_states
 
 
-def checkpointed(layers, state):
-    """run_layers, recomputed in backward (mpu.checkpoint takes and returns tensors)."""
-    inputs = state if isinstance(state, tuple) else (state,)
-    return mpu.checkpoint(lambda *tensors: run_layers(layers, tensors if len(tensors) > 1 else tensors[0]), *inputs)
+def checkpointed(layers: Sequence[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
+    """run_layers, recomputed in backward."""
+    return mpu.checkpoint(lambda x: run_layers(layers, x), hidden_states)
 
 
-def checkpoint_chunks(num_layers, method, chunk_layers):
+def checkpoint_chunks(num_layers: int, method: str, chunk_layers: int) -> list[tuple[int, int, bool]]:
     """[(start, end, recomputed)] covering a stage's `num_layers` transformer layers in order.
     uniform: chunks of `chunk_layers`, each checkpointed; block: the first `chunk_layers` layers
     checkpointed one by one, the rest run plainly (Megatron's --activations-checkpoint-method)."""
@@ -179,17 +160,14 @@ def checkpoint_chunks(num_layers, method, chunk_layers):
 
 class ParallelTransformerLayerPipe(ParallelTransformerLayer):
     """The pipeline stage's unit; DeepSpeed partitions stages by counting these
-    (`partition_method="type:transformer"`) and checkpoints them. DeepSpeed passes one argument."""
-
-    def forward(self, inputs, moe_loss=None):
-        return super().forward(*inputs) if isinstance(inputs, tuple) else super().forward(inputs, moe_loss)
+    (`partition_method="type:transformer"`) and checkpoints them."""
 
 
 class ParallelTransformer(nn.Module):
     """The non-pipeline stack: layers + final LayerNorm, with optional activation checkpointing
     (`checkpoint_chunks`)."""
 
-    def __init__(self, config, layer_seed_fn=None):
+    def __init__(self, config: GPTConfig, layer_seed_fn: Callable[[int], None] | None = None) -> None:
         super().__init__()
         self.checkpoint_activations = config.checkpoint_activations
         self.checkpoint_num_layers = config.checkpoint_num_layers
@@ -205,16 +183,13 @@ class ParallelTransformer(nn.Module):
         self.final_layernorm = norm_class(config.shape.normalization)(config.shape.hidden_size,
                                                                       eps=config.layernorm_epsilon)
 
-    def forward(self, hidden_states):
-        """Hidden states after the final norm; an MoE model: (those, moe loss)."""
-        state = hidden_states
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the final norm."""
         if self.checkpoint_activations and self.training:
             for start, end, recomputed in checkpoint_chunks(len(self.layers), self.checkpoint_method,
                                                             self.checkpoint_num_layers):
                 layers = self.layers[start:end]
-                state = checkpointed(layers, state) if recomputed else run_layers(layers, state)
+                hidden_states = checkpointed(layers, hidden_states) if recomputed else run_layers(layers, hidden_states)
         else:
-            state = run_layers(self.layers, state)
-        if isinstance(state, tuple):
-            return self.final_layernorm(state[0]), state[1]
-        return self.final_layernorm(state)
+            hidden_states = run_layers(self.layers, hidden_states)
+        return self.final_layernorm(hidden_states)
