@@ -39,8 +39,8 @@ def forward_step(batch, model):
 def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
     print_rank_0(f"building train / valid / test datasets for {train_valid_test_num_samples} samples")
     if args.mock_data:
-        from megatron.data.mock_dataset import build_mock_datasets
         from megatron import get_tokenizer
+        from megatron.data.mock_dataset import build_mock_datasets
         return build_mock_datasets(train_valid_test_num_samples, args.seq_length, get_tokenizer().vocab_size,
                                    args.seed)
     from megatron.data.gpt_dataset import build_train_valid_test_datasets

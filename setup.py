@@ -10,7 +10,7 @@ setup(
     description="Megatron-DeepSpeed-style GPT pretraining with an exact, once-computed parameter count",
     packages=find_packages(include=["megatron", "megatron.*"]),
     py_modules=["pretrain_gpt"],  # the entry point's providers, importable by tests and benchmarks
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=[
         "torch>=2.1",
         "deepspeed>=0.14",

@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Sequence
 
 import common
+
 from megatron.launch import logged_iterations, run_deepspeed
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]

@@ -20,10 +20,9 @@ import io
 import time
 from collections.abc import Callable
 
+import common
 import torch
 import torch.distributed as dist
-
-import common
 
 
 def walk(model: torch.nn.Module) -> int:

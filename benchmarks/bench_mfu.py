@@ -11,9 +11,8 @@ Usage: python benchmarks/bench_mfu.py [--gemm-size 2048] [--reps 5] [--threads 1
 import argparse
 import time
 
-import torch
-
 import common
+import torch
 
 
 def main() -> None:

@@ -11,9 +11,8 @@ Usage: python benchmarks/bench_overhead.py [--reps 5] [--iters 2] [--threads 1] 
 """
 import argparse
 
-import torch
-
 import common
+import torch
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deepspeed.runtime.pipe import schedule  # noqa: E402
 import torch  # noqa: E402
+from deepspeed.runtime.pipe import schedule  # noqa: E402
 from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 
 import pretrain_gpt  # noqa: E402

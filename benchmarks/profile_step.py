@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import common
 import torch
 import torch.nn.functional as F
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from torch.profiler import ProfilerActivity, profile
-
-import common
 
 if TYPE_CHECKING:  # annotations only
     from torch.autograd.profiler_util import FunctionEvent

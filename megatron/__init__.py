@@ -22,4 +22,4 @@ def print_rank_last(message: str) -> None:
         print(message, flush=True)
 
 
-from .global_vars import get_args, get_timers, get_tensorboard_writer, get_tokenizer  # noqa: E402,F401
+from .global_vars import get_args, get_tensorboard_writer, get_timers, get_tokenizer  # noqa: E402,F401

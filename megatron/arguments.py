@@ -7,9 +7,16 @@ import os
 import sys
 from collections.abc import Callable
 
-from megatron.model.shape import (GLU_ACTIVATIONS, POSITION_EMBEDDING_ALIASES, ConfigError, ModelShape,  # noqa: F401
-                                  require as _require)
-from megatron.model.shape import require_fraction, require_non_negative, require_positive
+from megatron.model.shape import (  # noqa: F401
+    GLU_ACTIVATIONS,
+    POSITION_EMBEDDING_ALIASES,
+    ConfigError,
+    ModelShape,
+    require_fraction,
+    require_non_negative,
+    require_positive,
+)
+from megatron.model.shape import require as _require
 from megatron.run_config import RunArgs, as_run_args
 from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
@@ -663,6 +670,7 @@ def _check_with_deepspeed(config, where, args):
     given ds_config alone decides the clipping (its `gradient_clipping`, else DeepSpeed's default);
     a different --clip-grad is reported, not used: the same script trains the same way here."""
     import deepspeed
+
     from megatron.deepspeed_internals import parsed_gradient_clipping
     # the batch keys depend on the world size, which DeepSpeed cannot see yet (they are checked above)
     probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}

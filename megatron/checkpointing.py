@@ -15,9 +15,17 @@ import torch.distributed as dist
 from megatron import mpu, print_rank_0
 from megatron.arguments import ConfigError
 from megatron.checkpoint_layout import LAYOUT_FILE as LAYOUT  # noqa: F401  (tests import it from here)
-from megatron.checkpoint_layout import TRACKER  # noqa: F401
-from megatron.checkpoint_layout import (CheckpointLayout, read_layout, read_tracker, step_dir, step_tag, write_layout,
-                                        write_model_info, write_tracker)
+from megatron.checkpoint_layout import (
+    TRACKER,  # noqa: F401
+    CheckpointLayout,
+    read_layout,
+    read_tracker,
+    step_dir,
+    step_tag,
+    write_layout,
+    write_model_info,
+    write_tracker,
+)
 from megatron.checkpoint_reshard import optimizer_param_names
 from megatron.training_state import saved_progress
 from megatron.universal_checkpoint import attach_universal_checkpoint_info

@@ -5,7 +5,8 @@ trainer does not have, each refused with one line before anything is built (a sc
 expects a training this trainer would not do)."""
 import argparse
 
-from megatron.model.shape import ConfigError, require as _require
+from megatron.model.shape import ConfigError
+from megatron.model.shape import require as _require
 
 # flag -> (argparse keywords, the feature named in the refusal). Spellings and value types as the
 # forks define them (Microsoft's megatron/arguments.py; muP and --no-train from BigScience's tr14 /

@@ -30,8 +30,12 @@ from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.training_data import build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
-from megatron.utils import (cache_parameter_counts, check_parameter_counts, compute_parameter_counts,
-                            format_parameter_report)
+from megatron.utils import (
+    cache_parameter_counts,
+    check_parameter_counts,
+    compute_parameter_counts,
+    format_parameter_report,
+)
 
 
 class TrainerHooks:

@@ -22,8 +22,14 @@ list, a shape or a count that differs from the table's stops the run before trai
 The analytic side (the same numbers from the shape alone) lives in megatron/model/analytic.py.
 torch is imported lazily: tools/param_count.py uses this module's report without it.
 """
-from megatron.model.analytic import (COMPONENTS, ParameterCounts, StageCount,
-                                     analytic_parameter_counts, experts_per_expert_parallel_rank, flops_per_sample)
+from megatron.model.analytic import (
+    COMPONENTS,
+    ParameterCounts,
+    StageCount,
+    analytic_parameter_counts,
+    experts_per_expert_parallel_rank,
+    flops_per_sample,
+)
 
 
 def _expert_parallel_first_experts(model):
@@ -39,6 +45,7 @@ def _table_entry_name(name, first_expert, pipe_shift_after):
     MoE GPTModelPipe, the layers after the moe-loss function (a pipe index of its own, no
     parameters) moved back by one."""
     import re
+
     from megatron.model.analytic import EXPERT_PREFIX
     index = re.match(r"(\d+)\.", name)
     if pipe_shift_after is not None and index and int(index.group(1)) > pipe_shift_after:
@@ -56,6 +63,7 @@ def match_parameters_to_table(model, shape):
     the entry's full shape). A parameter the table does not list, or whose shape differs from its
     entry's, stops the run (ConfigError) naming both."""
     from deepspeed.pipe import PipelineModule
+
     from megatron.model.analytic import table_entry
     from megatron.model.shape import ConfigError
 
@@ -193,6 +201,7 @@ def compute_moe_parameter_counts(model, mpu, shape):
     import torch
     import torch.distributed as dist
     from deepspeed.moe.layer import MoE
+
     from megatron.model.transformer import ParallelTransformerLayer
 
     owned_fn = moe_parameter_owner(model, mpu)

@@ -17,6 +17,7 @@ def _worker(rank, world_size, port, tp, pp, fn, args, queue):
     try:
         import deepspeed
         import torch
+
         from megatron import mpu
         from megatron.initialize import disable_deepspeed_shm_comm
         torch.set_num_threads(1)

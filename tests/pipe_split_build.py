@@ -17,10 +17,10 @@ def _rank(rank, world, port, fields, write_fd):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), DS_ACCELERATOR="cpu")
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from model_fixtures import tiny_config
 
     from megatron import mpu
     from megatron.initialize import disable_deepspeed_shm_comm
-    from model_fixtures import tiny_config
     torch.set_num_threads(1)
     disable_deepspeed_shm_comm()
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)

@@ -17,10 +17,11 @@ from megatron.launch import free_port
 
 
 def _train(steps=3):
+    from model_fixtures import tiny_batch, tiny_config
+
     from megatron import mpu
     from megatron.model.gpt_model import GPTModel
     from megatron.utils import is_owned_parameter
-    from model_fixtures import tiny_batch, tiny_config
     config = tiny_config(num_layers=2, tensor_model_parallel_size=2, vocab_size=256)
     model = GPTModel(config, seed=1234)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)

@@ -8,7 +8,6 @@ model, DeepSpeed engine, training loop) one after the other on the same 2 gloo p
 than three `deepspeed` launches: initialisation reseeds every generator, and DeepSpeed's
 checkpointing, which stays configured once a run configures it, comes last."""
 import pytest
-
 from distributed import run_distributed
 from launcher import TINY
 

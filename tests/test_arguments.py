@@ -31,9 +31,9 @@ def test_seed_launch_script_flags_parse(tmp_path):
              "--exit-interval 200 --log-interval 10 --save-interval 50 --eval-interval 100 --eval-iters 10 "
              "--checkpoint-activations --save ckpt --load ckpt --mock-data --tensorboard-dir tb "
              "--tensorboard-queue-size 5 --log-timers-to-tensorboard --log-batch-size-to-tensorboard "
-             "--log-validation-ppl-to-tensorboard --deepspeed --deepspeed_config {} --zero-stage 1 "
+             f"--log-validation-ppl-to-tensorboard --deepspeed --deepspeed_config {config} --zero-stage 1 "
              "--deepspeed-activation-checkpointing --tensor-model-parallel-size 2 "
-             "--pipeline-model-parallel-size 1 --distributed-backend gloo --local_rank=0").format(config)
+             "--pipeline-model-parallel-size 1 --distributed-backend gloo --local_rank=0")
     args = validate_args(parse_args(args_list=flags.split()), world_size=2, cuda_available=False)
     assert args.rampup_batch_size == [2, 2, 1000]
     assert args.data_parallel_size == 1 and args.zero_stage == 1

@@ -19,8 +19,16 @@ import pytest
 
 from megatron.arguments import parse_args, validate_args
 from megatron.atomic_write import AtomicFile, write_atomic
-from megatron.checkpoint_layout import (CheckpointLayout, read_layout, read_model_info, read_pointer, read_tracker,
-                                        write_layout, write_model_info, write_tracker)
+from megatron.checkpoint_layout import (
+    CheckpointLayout,
+    read_layout,
+    read_model_info,
+    read_pointer,
+    read_tracker,
+    write_layout,
+    write_model_info,
+    write_tracker,
+)
 from megatron.model.shape import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -10,7 +10,6 @@ import os
 import shutil
 
 import pytest
-
 from launcher import launch
 
 ITERS, RESUME_AT = 8, 4
@@ -157,13 +156,14 @@ def _save_while_rank1_stalls(save_dir):
     import deepspeed
     import torch
     import torch.distributed as dist
+    from model_fixtures import tiny_config
+
     from megatron import mpu
     from megatron.arguments import parse_args, validate_args
     from megatron.checkpointing import TRACKER, save_checkpoint
     from megatron.learning_rates import AnnealingLR
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.training_state import TrainingProgress
-    from model_fixtures import tiny_config
 
     config = tiny_config(pipeline_model_parallel_size=2)
     model = GPTModelPipe(config, topology=mpu.get_topology())

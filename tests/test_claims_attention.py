@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_config
 

@@ -10,7 +10,6 @@ compares them with the prediction and with bytes per parameter counted by hand. 
 (fp16, 2 bytes per parameter when the step starts) and the fp32 gradient copies made inside
 step() are checked by hand only: they exist only during a step."""
 import pytest
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_config
 

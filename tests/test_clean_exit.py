@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from launcher import TINY
+
 from megatron.launch import ROOT, logged_iterations, run_deepspeed
 
 ITERS = 3

@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from launcher import TINY, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

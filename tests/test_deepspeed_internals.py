@@ -43,7 +43,7 @@ ALLOWED = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parsed():
     return _sources()
 
@@ -64,7 +64,7 @@ def _is_public(module):
     return module == "deepspeed" or any(module == p or module.startswith(p + ".") for p in PUBLIC_MODULES)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _our_names_in_the_tree():
     return frozenset(_our_private_names(_parsed()))
 
@@ -182,7 +182,7 @@ def _overrides(cls, deepspeed_names):
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _deepspeed_class(module, name):
     """The class and the source of its DeepSpeed ancestors (importing deepspeed: ~10 s, once)."""
     ds_class = getattr(importlib.import_module(module), name)

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from distributed import run_distributed
 
 DS_CLIP, FLAG_CLIP = 0.05, 1.0

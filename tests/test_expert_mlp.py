@@ -4,7 +4,6 @@ count by hand; and the MoE FLOPs formula counts the experts a token actually pas
 (top-k of E, measured on the tokens each expert received), not all E."""
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
 
 H = 64
@@ -97,10 +96,11 @@ def test_experts_are_built_like_the_dense_mlp():
 def _executed_moe_flops(cases):
     """Per (E, k): forward FLOPs of the MoE layer's experts on the tokens each one received, its
     router's matmul, and the dense layer's MLP, all on one batch, measured by FlopCounterMode."""
+    from model_fixtures import tiny_batch, tiny_config
     from torch.utils.flop_counter import FlopCounterMode
+
     from megatron.model.gpt_model import GPTModel
     from megatron.model.moe import MoEOptions, attach_expert_groups, create_expert_groups
-    from model_fixtures import tiny_batch, tiny_config
     out = []
     for experts, k in cases:
         config = tiny_config(hidden_size=H, seq_length=32, num_experts=(experts,), topk=k, attention_impl="math",

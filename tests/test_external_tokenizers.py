@@ -11,15 +11,15 @@ import sys
 
 import pytest
 import torch
-
 from conftest import HF_TOKENIZER_SIZE, ROOT, SENTENCEPIECE_SIZE, _corpus_texts
 from distributed import run_distributed
 from hf_export import convert, our_logits
 from launcher import launch, losses
-from megatron.data.indexed_dataset import MMapIndexedDataset
 from test_flag_validation import entry_point  # noqa: F401  (a fixture: pretrain_gpt.main in-process)
 from test_flag_validation import flags as trainer_flags
 from tool_modules import load_tool
+
+from megatron.data.indexed_dataset import MMapIndexedDataset
 
 ITERS = 4
 # GPT-2-like tiny model; L=2, h=64, a=4, s=32

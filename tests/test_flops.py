@@ -1,8 +1,8 @@
 """The FLOPs formula equals what torch's FlopCounterMode measures on a real forward+backward."""
 import pytest
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
+
 from megatron.model.analytic import flops_per_sample
 from megatron.model.shape import ModelShape
 
@@ -13,6 +13,7 @@ BATCH, SEQ = 2, 32
 def _measure(settings):
     """FLOPs of a forward+backward of the non-pipeline model per (checkpointing, method, N)."""
     from torch.utils.flop_counter import FlopCounterMode
+
     from megatron.model.gpt_model import GPTModel
     measured = []
     for checkpoint_activations, method, num_layers in settings:

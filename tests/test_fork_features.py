@@ -8,7 +8,6 @@ import io
 import os
 
 import pytest
-
 from distributed import run_distributed
 from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
 from test_published_scripts import HERE, for_the_tool, load, param_count_module

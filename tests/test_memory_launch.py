@@ -4,6 +4,7 @@ iteration, and an MFU on every log line that equals the formula from the line's 
 import re
 
 from launcher import TINY, launch
+
 from megatron.memory import TrainingSetup, predict_memory
 from megatron.model.analytic import flops_per_sample
 from megatron.model.shape import ModelShape

@@ -5,7 +5,6 @@ activations (an estimate) are within 5% of the bytes autograd saved for backward
 configurations, with and without checkpointing, they agree to the byte; the tolerance leaves room
 for kernels that save differently)."""
 import pytest
-
 from distributed import run_distributed
 
 # the TINY trainer config of the launch tests: 2 layers, hidden 64, 4 heads, seq 32, vocab 600 -> 640
@@ -22,6 +21,7 @@ def _first_iteration(flags):
     """Build the trainer's engine as pretrain() does, run one iteration, measure."""
     import torch
     import torch.distributed as dist
+
     import pretrain_gpt
     from megatron import initialize
     from megatron.arguments import parse_args, validate_args

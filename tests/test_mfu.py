@@ -1,8 +1,14 @@
 """MFU: the peak table lookup and the formula (model FLOPs without recompute / time / world / peak)."""
 import pytest
 
-from megatron.mfu import (PEAK_TFLOPS, configure_mfu, interval_mfu, lookup_peak_tflops, model_flops_utilization,
-                          resolve_peak_tflops)
+from megatron.mfu import (
+    PEAK_TFLOPS,
+    configure_mfu,
+    interval_mfu,
+    lookup_peak_tflops,
+    model_flops_utilization,
+    resolve_peak_tflops,
+)
 from megatron.model.analytic import flops_per_sample
 from megatron.model.shape import ModelShape
 

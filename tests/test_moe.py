@@ -2,11 +2,16 @@
 equals the sum of numel of the TP=1 EP=1 model, every expert counted once across EP ranks, at
 TP in {1, 2} x EP in {1, 2}; the FLOPs formula equals FlopCounterMode on a forward + backward."""
 import pytest
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
-from megatron.model.analytic import (EXPERT_PREFIX, analytic_parameter_counts, expert_index, flops_per_sample,
-                                     parameter_table)
+
+from megatron.model.analytic import (
+    EXPERT_PREFIX,
+    analytic_parameter_counts,
+    expert_index,
+    flops_per_sample,
+    parameter_table,
+)
 from megatron.model.shape import ConfigError, ModelShape
 
 SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=32)
@@ -27,6 +32,7 @@ def _reference_and_flops():
     """TP=1 EP=1: numel of every parameter by name; FLOPs of a forward + backward."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+
     from megatron.model.moe import MoEOptions
     out = {}
     _, model = _build(num_experts=(4,), mlp_type="residual")
@@ -61,6 +67,7 @@ def _aux_loss_gradients(cases):
     --moe-loss-coeff 0 give the lm loss's gradient, and DeepSpeed's own l_aux of each MoE layer
     (MOELayer.l_aux) gives coeff x l_aux's, both scaled as DeepSpeed scales the loss."""
     import torch
+
     from megatron.model.moe import MoEOptions
     from megatron.model.moe.aux_loss import aux_loss_gradient_scale, take_recorded_moe_losses
     out = []

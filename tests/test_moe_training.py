@@ -14,8 +14,8 @@ trajectory; the 2nd expert of top-2 is the deterministic one, since the sampled 
 RNG whose position differs per engine. The experts are Mixtral-style SwiGLU MLPs without biases
 (--swiglu --disable-bias-linear), as the dense layers: an expert is built like the dense MLP."""
 import pytest
-
 from launcher import TINY, launch
+
 from megatron.launch import logged_iterations
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
@@ -128,6 +128,7 @@ def test_bf16_zero1_trains_close_to_fp32(runs):
 def test_export_refuses_an_moe_checkpoint_in_one_line(runs, tmp_path):
     import subprocess
     import sys
+
     from megatron.launch import ROOT
     proc = subprocess.run([sys.executable, "tools/convert_checkpoint_to_hf.py", "--load", str(runs["tp2_pp2_ckpt"]),
                            "--output", str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-
 from distributed import run_distributed
+
 from megatron.model.analytic import analytic_parameter_counts
 from megatron.model.shape import ModelShape
 

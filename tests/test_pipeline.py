@@ -10,7 +10,6 @@ forward per sample: a layer 24 s h^2 + 4 s^2 h = 24*16*32^2 + 4*16^2*32 = 425,98
 only the final norm and the output layer."""
 import pytest
 import torch
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
 
@@ -21,6 +20,7 @@ CLIP = 0.5  # below the first step's gradient norm, so clipping is active
 
 def _pipeline_step():
     import deepspeed
+
     from megatron import mpu
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.optimizer import install_gradient_clipping

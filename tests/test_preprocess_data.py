@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from tool_modules import load_tool
 
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists
 from megatron.tokenizer import build_tokenizer
-from tool_modules import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, "data", "gpt2-vocab.json")

@@ -3,6 +3,7 @@ read, elapsed time and an ETA, every --log-interval documents and once at the en
 import json
 import os
 import re
+
 from tool_modules import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -27,7 +27,6 @@ import json
 import os
 
 import pytest
-
 from conftest import HF_TOKENIZER_SIZE, ROOT, SENTENCEPIECE_SIZE
 from distributed import run_distributed
 from test_published_scripts import HERE, load

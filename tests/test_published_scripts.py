@@ -11,7 +11,6 @@ import json
 import os
 
 import pytest
-
 from distributed import run_distributed
 from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
 
@@ -314,8 +313,9 @@ def _sync_at_tp2():
 
 
 def test_sync_tp_duplicated_parameters_averages_drifted_copies_and_log_levels():
-    import torch
     import logging
+
+    import torch
     rank0, rank1 = run_distributed(2, _sync_at_tp2, tp=2)
     # --log-level debug on rank 0, --log-level-replica error on the other (the same launch)
     assert rank0["levels"] == {"deepspeed": logging.DEBUG, "megatron": logging.DEBUG}

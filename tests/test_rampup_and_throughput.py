@@ -5,12 +5,12 @@ total over the 2 replicas, and TFLOPs follow from the cached FLOPs per sample.
 Validation during the ramp-up counts the batches it really evaluated, so a run resumed in the
 middle of the ramp-up (from the uninterrupted run's checkpoint of iteration 6) validates on the
 same samples as the uninterrupted run."""
-import shutil
 import re
+import shutil
 
 import pytest
-
 from launcher import TINY, launch
+
 from megatron.launch import logged_iterations
 
 SEQ = 32

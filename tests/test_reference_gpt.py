@@ -9,9 +9,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from distributed import run_distributed
+from torch import nn
 
 L, H, HEADS, SEQ, VOCAB, PADDED_VOCAB = 2, 64, 4, 32, 600, 640
 MICRO, GLOBAL, ITERS, WARMUP_ITERS = 2, 4, 6, 2

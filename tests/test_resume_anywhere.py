@@ -225,11 +225,12 @@ def test_bf16_pipeline_checkpoint_resumes_on_the_non_pipeline_engine_with_zero2(
 
 def _names_and_tags():
     """Every variant on both engines at TP=1 x PP=1: each built parameter's name and its TP tags."""
+    from variants import VARIANTS, shape_kwargs
+
     from megatron import mpu
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel, GPTModelPipe
     from megatron.model.shape import ModelShape
-    from variants import VARIANTS, shape_kwargs
     out = {}
     for name in VARIANTS:
         config = GPTConfig(ModelShape(**shape_kwargs(name)))
@@ -247,10 +248,10 @@ def test_universal_checkpoint_info_names_every_built_parameter_by_its_tp_split()
     import re
 
     from deepspeed.checkpoint import constants as c
+    from variants import shape_kwargs
 
     from megatron.model.shape import ModelShape
     from megatron.universal_checkpoint import universal_checkpoint_info
-    from variants import shape_kwargs
     [built] = run_distributed(1, _names_and_tags)
     for (name, pipeline), params in built.items():
         info = universal_checkpoint_info(ModelShape(**shape_kwargs(name)), pipeline)

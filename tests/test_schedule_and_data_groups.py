@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 import pytest
-
 from distributed import run_distributed
 from launcher import launch
 

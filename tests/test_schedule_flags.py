@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-
 from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point: a fixture)
 
 TOKENS = {"--train-tokens": 1000}

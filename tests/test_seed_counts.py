@@ -2,8 +2,8 @@
 for real on gloo ranks in every layout: the exact counts on every rank, and the offline
 calculator and analytic formula agree with the built model."""
 import pytest
-
 from distributed import run_distributed
+
 from megatron.model.shape import ModelShape, pad_vocab_size
 
 # split as upstream split the seed's PP=2 run (both forks' default, DeepSpeed's type:transformer);
@@ -62,10 +62,11 @@ def test_padded_vocab():
 def _count_without_the_replica_flag():
     """The seed discussion's PP bug, reproduced on a real PP=2 model: the last stage's copy of the
     tied embedding counted as if it were owned (DeepSpeed's `ds_pipe_replicated` flag ignored)."""
+    from model_fixtures import tiny_config
+
     from megatron import mpu
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.utils import compute_parameter_counts, parameter_count_mismatches
-    from model_fixtures import tiny_config
     config = tiny_config(pipeline_model_parallel_size=2)  # 2 layers, hidden 32, vocab 128, seq 16
     model = GPTModelPipe(config, mpu.get_topology())
     for p in model.parameters():
@@ -88,11 +89,12 @@ def test_a_measured_disagreement_with_the_formula_names_both_numbers():
 
 
 def _count_with_a_shared_tensor():
+    from model_fixtures import tiny_config
     from torch import nn
+
     from megatron import mpu
     from megatron.model.gpt_model import GPTModel
     from megatron.utils import count_local_parameters
-    from model_fixtures import tiny_config
     config = tiny_config()
     model_shape = config.shape
     model = GPTModel(config)

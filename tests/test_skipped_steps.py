@@ -3,8 +3,8 @@ the bf16 + ZeRO path that runs on CPU; fp16 needs CUDA): the learning-rate sched
 advance, the log line counts the skipped iteration, its loss is left out of the interval's mean
 lm loss, and consumed samples and gigaflos still advance."""
 import pytest
-
 from launcher import TINY, launch
+
 from megatron.launch import logged_iterations
 
 ITERS, SKIP_AT, GBS, SEQ = 4, 2, 4, 32

@@ -13,7 +13,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_config
 from variants import VARIANTS, shape_kwargs

@@ -1,7 +1,6 @@
 """TP=2 equals TP=1: initial weights are exact slices, forward and backward agree (fp32)."""
 import pytest
 import torch
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
 

@@ -1,7 +1,6 @@
 """TensorBoard scalars are float32: a parameter count above 2^24 that is odd reads back rounded.
 The exact integers are in the same event file as a text summary (the startup report's table)."""
 import numpy as np
-
 from launcher import TINY, launch
 
 L, H, HEADS, SEQ, PADDED_VOCAB = 3, 1023, 3, 32, 640  # --vocab-size 600 pads to 640

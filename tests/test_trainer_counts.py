@@ -4,7 +4,6 @@ is computed once, and the per-iteration logger neither counts nor communicates."
 import os
 
 import pytest
-
 from launcher import TINY, launch, losses
 
 L, H, S, VOCAB = 2, 64, 32, 600  # the TINY config

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-
 from test_arguments import validated
 from variants import VARIANTS, shape_kwargs
+
 from megatron.arguments import ConfigError
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
@@ -108,8 +108,9 @@ def test_llama2_70b_count_matches_the_published_number():
 def _measured_flops(names):
     """FlopCounterMode on a real forward + backward of each variant's GPTModel ("math" attention
     spells QK^T and PV out as matmuls), batch 2."""
-    from torch.utils.flop_counter import FlopCounterMode
     from model_fixtures import tiny_batch
+    from torch.utils.flop_counter import FlopCounterMode
+
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel
     out = {}

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 import torch
-
 from distributed import run_distributed
 from hf_export import convert, our_logits
 from launcher import TINY, launch, losses
+
 from megatron.arguments import parse_args, validate_args
 from megatron.model.analytic import analytic_parameter_counts
 
@@ -44,6 +44,7 @@ def shape_of(flags, world_size):
 
 def _tp1_pp1_numel(shape):
     import dataclasses
+
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel
     shape = dataclasses.replace(shape, tensor_model_parallel_size=1, pipeline_model_parallel_size=1)

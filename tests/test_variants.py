@@ -4,10 +4,10 @@ formula equals FlopCounterMode; TP=2 reproduces TP=1's logits and gradients, sdp
 math attention, PP=2 reproduces PP=1's loss and updates (untied included)."""
 import pytest
 import torch
-
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
 from variants import TP2_VARIANTS, VARIANTS, shape_kwargs
+
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample, stage_parameters
 from megatron.model.positional_embeddings import alibi_slopes
 from megatron.model.shape import ModelShape
@@ -73,6 +73,7 @@ def test_untied_last_stage_holds_no_embedding_copy():
 
 def _measure_flops(names):
     from torch.utils.flop_counter import FlopCounterMode
+
     from megatron.model.gpt_model import GPTModel
     out = {}
     for name in names:
@@ -149,6 +150,7 @@ def test_alibi_slopes_by_hand():
 
 def _pipeline_step(names):
     import deepspeed
+
     from megatron import mpu
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModelPipe

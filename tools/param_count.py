@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 
 from megatron import arguments, fork_features
-from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.memory import TrainingSetup, format_memory_report
+from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ConfigError, ModelShape, require
 from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report

@@ -21,8 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from megatron.data.indexed_dataset import (MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path,
-                                           index_file_path)
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, index_file_path
 from megatron.tokenizer import build_tokenizer
 from megatron.tokenizer.external import PATH_FLAG, tokenizer_path
 from megatron.tokenizer.tokenizer import TOKENIZER_TYPES

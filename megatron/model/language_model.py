@@ -8,6 +8,7 @@ from torch import nn
 
 from megatron import mpu
 from megatron.mpu.layers import _sliced_parameter
+
 from .config import GPTConfig
 from .layer_norm import LayerNorm
 

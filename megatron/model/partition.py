@@ -25,8 +25,16 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
-from .analytic import (ParamSpec, _embedding_specs, _norm_specs, _output_layer_specs, _transformer_layer_or_moe_specs,
-                       held_by_expert_parallel_rank, layer_forward_flops, logits_forward_flops)
+from .analytic import (
+    ParamSpec,
+    _embedding_specs,
+    _norm_specs,
+    _output_layer_specs,
+    _transformer_layer_or_moe_specs,
+    held_by_expert_parallel_rank,
+    layer_forward_flops,
+    logits_forward_flops,
+)
 from .shape import ModelShape
 
 DEFAULT_METHOD = "flops"

@@ -1,7 +1,10 @@
 """Model-parallel utilities (the `mpu` Megatron and DeepSpeed talk about)."""
-from .parallel_state import *  # noqa: F401,F403
-from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding  # noqa: F401
-from .mappings import (copy_to_tensor_model_parallel_region,  # noqa: F401
-                       gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region)
 from .cross_entropy import vocab_parallel_cross_entropy  # noqa: F401
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding  # noqa: F401
+from .mappings import (  # noqa: F401
+                       copy_to_tensor_model_parallel_region,
+                       gather_from_tensor_model_parallel_region,
+                       reduce_from_tensor_model_parallel_region,
+)
+from .parallel_state import *  # noqa: F401,F403
 from .random import checkpoint, get_cuda_rng_tracker, model_parallel_seed  # noqa: F401

@@ -6,8 +6,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .parallel_state import (get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
-                             get_tensor_model_parallel_world_size)
+from .parallel_state import (
+    get_tensor_model_parallel_group,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 from .shm_comm import tensor_model_parallel_all_reduce
 
 

@@ -12,8 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
-                       reduce_from_tensor_model_parallel_region)
+from .mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
 from .parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
 

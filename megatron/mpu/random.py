@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .parallel_state import get_tensor_model_parallel_rank, get_pipeline_model_parallel_rank
+from .parallel_state import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
 
 _MODEL_PARALLEL_RNG = "model-parallel-rng"
 _DS_CHECKPOINTING = False  # set by configure_deepspeed_checkpointing()
