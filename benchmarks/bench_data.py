@@ -53,7 +53,7 @@ def write_synthetic_corpus(prefix: str, num_tokens: int, rng: np.random.RandomSt
     tokens[:] = rng.randint(0, 50257, size=tokens.shape, dtype=np.uint16)
     builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
     ends = np.cumsum(lengths)
-    for start, end in zip(ends - lengths, ends):
+    for start, end in zip(ends - lengths, ends, strict=True):
         builder.add_item(tokens[start:end])
         builder.end_document()
     builder.finalize(prefix + ".idx")

@@ -115,7 +115,7 @@ def main() -> None:
     rows = []
     for (tp, pp, tag), per_round in results.items():
         samples = common.median([r[0] for r in per_round])
-        ratio = common.median([r[0] / b[0] for r, b in zip(per_round, base)])
+        ratio = common.median([r[0] / b[0] for r, b in zip(per_round, base, strict=True)])
         stages = per_round[0][2]
         busy_wait = ", ".join(
             f"{s}: {1e3 * common.median([r[2][s][0] for r in per_round]):.0f} / "

@@ -49,7 +49,7 @@ def main() -> None:
     for name, samples_per_second in results.items():
         flops = [ours.flops_per_sample * s for s in samples_per_second]
         rows.append((name, f"{common.median(flops) / 1e9:.1f}",
-                     f"{common.median([f / g for f, g in zip(flops, gemm)]):.2f}"))
+                     f"{common.median([f / g for f, g in zip(flops, gemm, strict=True)]):.2f}"))
     print(f"model {common.model_label(a)}, fp32, {ours.flops_per_sample / 1e9:.1f} GFLOPs per sample "
           f"(megatron.model.analytic.flops_per_sample), {a.threads} torch thread(s); median of {a.reps} rounds")
     print(common.table(["run", "GFLOP/s", "fraction of GEMM rate (MFU)"], rows))

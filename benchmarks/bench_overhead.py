@@ -40,7 +40,7 @@ def main() -> None:
     tokens = a.micro_batch * a.seq
     rows = []
     for name, per_round in seconds.items():
-        ratio = common.median([b / s for b, s in zip(seconds[baseline], per_round)])
+        ratio = common.median([b / s for b, s in zip(seconds[baseline], per_round, strict=True)])
         rows.append((name, f"{1000 * common.median(per_round):.0f}", f"{tokens / common.median(per_round):,.0f}",
                      f"{ratio:.3f}"))
     print(f"model {common.model_label(a)}, fp32, {ours.args.parameters:,} parameters, "

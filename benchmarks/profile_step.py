@@ -138,7 +138,7 @@ def ab(current: Callable[[], object], alternative: Callable[[], object], reps: i
     current(), alternative()
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
-        for fn, out in zip((current, alternative), times):
+        for fn, out in zip((current, alternative), times, strict=True):
             start = time.perf_counter()
             fn()
             out.append(time.perf_counter() - start)

@@ -177,7 +177,7 @@ class Checkpoint:
                 if unknown:
                     raise ConfigError(f"{path}: parameters {', '.join(unknown)} of layer {layer} are not in the "
                                       f"parameter table of the saved shape")
-                for key, spec in specs.items():
+                for key, _spec in specs.items():
                     if key not in weights:
                         raise ConfigError(f"{path}: parameter {key} of layer {layer} is missing")
                     parts.setdefault(key, []).append(weights[key])

@@ -230,7 +230,7 @@ def write_flat_state(engine: Any, value_of: Callable[[torch.nn.Parameter], Maste
     from deepspeed.utils.tensor_fragment import map_to_flat_opt_states
     optimizer = engine.optimizer
     base = optimizer.optimizer  # the torch optimizer over the flat fp32 partitions
-    for lp_group, group in zip(_lp_groups(optimizer), base.param_groups):
+    for lp_group, group in zip(_lp_groups(optimizer), base.param_groups, strict=True):
         keys, step = set(), None
         for lp in lp_group:
             mapping = lp._hp_mapping

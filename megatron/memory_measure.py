@@ -188,7 +188,8 @@ def finish_memory_probe(probe: MemoryProbe, args) -> list[tuple]:
     result = []
     for row in rows:
         rank, stage, tp_rank, dp_rank, *values = row.tolist()
-        result.append((rank, stage, tp_rank, dp_rank, predicted[(stage, dp_rank)], dict(zip(FIELDS, values))))
+        result.append((rank, stage, tp_rank, dp_rank, predicted[(stage, dp_rank)],
+                       dict(zip(FIELDS, values, strict=True))))
     for line in format_comparison(result, probe.cuda):
         print_rank_last(line)
     if setup.moe and setup.zero_stage > 0:

@@ -35,7 +35,7 @@ def build_data_iterators(provider: Callable, args, progress: TrainingProgress, b
     # of samples from each group
     consumed = [progress.consumed_train_samples, progress.consumed_valid_samples, 0]
     iterators = []
-    for split, (named, done) in enumerate(zip(datasets, consumed)):
+    for split, (named, done) in enumerate(zip(datasets, consumed, strict=True)):
         named = named if isinstance(named, list) else [(None, named)]
         workers = args.valid_num_workers if split == 1 and args.valid_num_workers is not None else args.num_workers
         split_iterators = []

@@ -151,7 +151,7 @@ def compute_parameter_counts(model, mpu, shape):
         dist.all_reduce(buf, group=mpu.get_model_parallel_group())
     values = buf.tolist()
     stages = values[len(COMPONENTS):]
-    return ParameterCounts(dict(zip(COMPONENTS, values[:len(COMPONENTS)])),
+    return ParameterCounts(dict(zip(COMPONENTS, values[:len(COMPONENTS)], strict=True)),
                            tuple(StageCount(*stages[3 * s: 3 * s + 3]) for s in range(num_stages)))
 
 
@@ -249,7 +249,7 @@ def compute_moe_parameter_counts(model, mpu, shape):
             per_expert, rest = divmod(total, num_experts)
             assert rest == 0, f"layer {number}: experts of unequal size"
             experts_active += k * per_expert
-    return ParameterCounts(dict(zip(COMPONENTS, values[:n])),
+    return ParameterCounts(dict(zip(COMPONENTS, values[:n], strict=True)),
                            tuple(StageCount(*stages[3 * s: 3 * s + 3]) for s in range(num_stages)), experts_active)
 
 

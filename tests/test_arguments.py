@@ -42,15 +42,20 @@ def test_seed_launch_script_flags_parse(tmp_path):
 
 
 @pytest.mark.parametrize("extra, world_size, cuda, message", [
-    (["--tensor-model-parallel-size", 3], 3, False, r"--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
+    (["--tensor-model-parallel-size", 3], 3, False,
+     r"--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3"),
     (["--hidden-size", 66], 1, False, r"--hidden-size 66 is not divisible by --num-attention-heads 4"),
-    (["--tensor-model-parallel-size", 2], 3, False, r"world size 3 is not divisible by --tensor-model-parallel-size 2 x --pipeline-model-parallel-size 1"),
-    (["--pipeline-model-parallel-size", 8], 8, False, r"--num-layers 4 is smaller than --pipeline-model-parallel-size 8"),
-    (["--global-batch-size", 6], 4, False, r"--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 4"),
+    (["--tensor-model-parallel-size", 2], 3, False,
+     r"world size 3 is not divisible by --tensor-model-parallel-size 2 x --pipeline-model-parallel-size 1"),
+    (["--pipeline-model-parallel-size", 8], 8, False,
+     r"--num-layers 4 is smaller than --pipeline-model-parallel-size 8"),
+    (["--global-batch-size", 6], 4, False,
+     r"--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 4"),
     (["--fp16"], 1, False, r"--fp16 needs a CUDA device: on CPU train in fp32 \(drop --fp16\) or use --bf16"),
     (["--seq-length", 64], 1, False, r"--seq-length 64 exceeds --max-position-embeddings 32"),
     (["--optimizer", "lamb"], 1, False, r"--optimizer lamb is not supported: use adam or sgd"),
-    (["--no-pipeline-parallel", "--pipeline-model-parallel-size", 2], 2, False, r"--no-pipeline-parallel needs --pipeline-model-parallel-size 1"),
+    (["--no-pipeline-parallel", "--pipeline-model-parallel-size", 2], 2, False,
+     r"--no-pipeline-parallel needs --pipeline-model-parallel-size 1"),
     (["--fp16", "--bf16"], 1, True, r"--fp16 and --bf16 are exclusive"),
 ])
 def test_invalid_layouts_fail_with_one_line(extra, world_size, cuda, message):
@@ -64,7 +69,8 @@ SAMPLE_BASED = [a for a in BASE if a not in ("--train-iters", "10")] + ["--train
 
 @pytest.mark.parametrize("rampup, world_size, message", [
     ([4, 3, 100], 1, r"--rampup-batch-size: global batch 8 minus start batch 4 is not divisible by the increment 3"),
-    ([2, 2, 100], 2, r"--rampup-batch-size: start batch 2 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
+    ([2, 2, 100], 2,
+     r"--rampup-batch-size: start batch 2 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
 ])
 def test_rampup_that_does_not_divide(rampup, world_size, message):
     with pytest.raises(ConfigError, match=message):
@@ -78,9 +84,10 @@ def test_missing_files_are_named(tmp_path):
     with pytest.raises(ConfigError, match=r"--vocab-file nope.json: no such file"):
         validated(["--data-path", "x", "--vocab-file", "nope.json", "--merge-file", "data/gpt2-merges.txt"], base=base)
     missing = str(tmp_path / "corpus_text_document")
-    with pytest.raises(ConfigError, match=r"--data-path .*corpus_text_document\.bin does not exist; create it with tools/preprocess_data.py"):
-        validated(["--data-path", missing, "--vocab-file", "data/gpt2-vocab.json", "--merge-file", "data/gpt2-merges.txt"],
-                  base=base)
+    with pytest.raises(ConfigError, match=r"--data-path .*corpus_text_document\.bin does not exist; "
+                                          r"create it with tools/preprocess_data.py"):
+        validated(["--data-path", missing, "--vocab-file", "data/gpt2-vocab.json",
+                   "--merge-file", "data/gpt2-merges.txt"], base=base)
 
 
 def test_ds_config_must_agree_with_flags(tmp_path):
@@ -101,5 +108,6 @@ def test_cli_error_is_one_line_before_any_heavy_work():
                                "PYTHONPATH": "."})
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert errors == ["pretrain_gpt.py: error: --fp16 needs a CUDA device: on CPU train in fp32 (drop --fp16) or use --bf16"]
+    assert errors == ["pretrain_gpt.py: error: --fp16 needs a CUDA device: "
+                      "on CPU train in fp32 (drop --fp16) or use --bf16"]
     assert "Traceback" not in proc.stderr

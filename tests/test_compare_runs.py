@@ -162,7 +162,7 @@ def test_fit_from_the_command_line_over_selected_points(tmp_path, capsys):
     c = 6 * n * tokens / 1e9  # 0.6 to 6000 gigaflos
     loss = power_law_points(c, np.random.default_rng(0))
     loss[c < 10] += 3.0  # a warmup transient the power law does not describe
-    run = write_run(tmp_path / "synthetic", seq, n, zip(tokens.tolist(), loss.tolist()))
+    run = write_run(tmp_path / "synthetic", seq, n, zip(tokens.tolist(), loss.tolist(), strict=True))
     out = tmp_path / "fit.svg"
     printed = compare(capsys, run, "--output", out, "--fit", "--fit-min-gigaflos", 10)
     fit = re.search(r"alpha = ([\d.]+) \+- ([\d.]+), L_inf = ([\d.]+) \+- ([\d.]+) \((\d+) points", printed)

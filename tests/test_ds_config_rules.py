@@ -28,7 +28,8 @@ def _one_step(config_path, zero_stage):
     before = [p.detach().clone() for p in engine.module.parameters()]
     engine.train()
     trainer.train_step()
-    update = torch.stack([(p.detach() - b).norm() for p, b in zip(engine.module.parameters(), before)]).norm()
+    update = torch.stack([(p.detach() - b).norm()
+                          for p, b in zip(engine.module.parameters(), before, strict=True)]).norm()
     return {"stage": engine.zero_optimization_stage(), "optimizer": type(engine.optimizer).__name__,
             "grad_norm": float(engine.get_global_grad_norm()), "update_norm": float(update),
             "args_clip": args.clip_grad}

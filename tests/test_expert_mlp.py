@@ -77,7 +77,7 @@ CASES = [
 def test_experts_are_built_like_the_dense_mlp():
     flag_sets = [flags + ["--num-experts", 4] for flags, *_ in CASES]
     [results] = run_distributed(1, _built, flag_sets)
-    for (flags, kind, f, bias), (mlps, total) in zip(CASES, results):
+    for (flags, kind, f, bias), (mlps, total) in zip(CASES, results, strict=True):
         width = 2 * f if kind else f  # a GLU's first projection: gate and value
         want = {"dense_h_to_4h.weight": (width, H), "dense_4h_to_h.weight": (H, f)}
         if bias:
@@ -110,10 +110,11 @@ def _executed_moe_flops(cases):
         attach_expert_groups(model)
         dense, moe = (layer.mlp for layer in model.language_model.encoder.layers)
         received = []  # per expert call: the rows it got that hold a token (the rest is capacity padding)
-        hooks = [expert.register_forward_pre_hook(lambda m, inp: received.append(int((inp[0] != 0).any(-1).sum())))
+        hooks = [expert.register_forward_pre_hook(
+                     lambda m, inp, received=received: received.append(int((inp[0] != 0).any(-1).sum())))
                  for expert in moe.deepspeed_moe.experts.deepspeed_experts]
         seen = {}
-        hooks += [m.register_forward_pre_hook(lambda m, inp, name=name: seen.update({name: inp[0].detach()}))
+        hooks += [m.register_forward_pre_hook(lambda m, inp, name=name, seen=seen: seen.update({name: inp[0].detach()}))
                   for name, m in (("dense", dense), ("router", moe.deepspeed_moe.gate))]
         tokens, labels, loss_mask = tiny_batch(config, batch_size=2, seq_length=32)
         with torch.no_grad():
@@ -126,11 +127,13 @@ def _executed_moe_flops(cases):
                 fn()
             return counter.get_total_flops()
         one_token = torch.randn(1, 1, H)
-        per_token = flops(lambda: moe.deepspeed_moe.experts.deepspeed_experts[0](one_token))
+        expert = moe.deepspeed_moe.experts.deepspeed_experts[0]
+        per_token = flops(lambda expert=expert, one_token=one_token: expert(one_token))
         out.append(dict(received=received, expert_flops=sum(received) * per_token,
                         # the router's matmul: the gate's own input times its h -> E weight
-                        router=flops(lambda: F.linear(seen["router"].float(), moe.deepspeed_moe.gate.wg.weight)),
-                        dense=flops(lambda: dense(seen["dense"]))))
+                        router=flops(lambda seen=seen, moe=moe:
+                                     F.linear(seen["router"].float(), moe.deepspeed_moe.gate.wg.weight)),
+                        dense=flops(lambda dense=dense, seen=seen: dense(seen["dense"]))))
     return out
 
 
@@ -141,7 +144,7 @@ def test_moe_flops_count_the_top_k_experts_actually_executed():
     [measured] = run_distributed(1, _executed_moe_flops, cases)
     batch, s = 2, 32
     dense = ModelShape(num_layers=2, hidden_size=H, num_attention_heads=4, vocab_size=128, seq_length=s)
-    for (experts, k), m in zip(cases, measured):
+    for (experts, k), m in zip(cases, measured, strict=True):
         assert sum(m["received"]) == k * batch * s, (experts, k)  # each token went to k experts, not E
         assert len(m["received"]) == experts
         # by hand: an expert is a GeLU MLP 2 x (h x 4h + 4h x h) per token; the router 2hE per token

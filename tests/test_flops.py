@@ -41,7 +41,7 @@ def test_formula_matches_measured_flops():
     settings = [(False, "uniform", 1), (True, "uniform", 2), (True, "block", 1), (True, "block", 5)]
     [measured] = run_distributed(1, _measure, settings)
     shape = ModelShape(**dict(SHAPE, num_layers=3))
-    for (checkpointing, method, n), flops in zip(settings, measured):
+    for (checkpointing, method, n), flops in zip(settings, measured, strict=True):
         # the formula counts exactly the matmuls the model runs: equal, not merely within 1 %
         assert flops == BATCH * flops_per_sample(shape, checkpointing, method, n), (method, n)
     plain = measured[0]
@@ -102,7 +102,7 @@ def test_pipeline_train_step_recomputes_every_layer():
     settings = [(0, False, "uniform"), (1, False, "uniform"), (2, False, "uniform"), (3, False, "uniform"),
                 (1, False, "block"), (2, False, "block"), (2, True, "uniform")]  # DeepSpeed's last: it stays on
     per_rank = run_distributed(2, _measure_pipeline_steps, settings, pp=2)
-    measured = [a + b for a, b in zip(*per_rank)]
+    measured = [a + b for a, b in zip(*per_rank, strict=True)]
     shape = ModelShape(**dict(SHAPE, num_layers=PIPE_LAYERS))
     assert measured[0] == BATCH * flops_per_sample(shape, False)
     assert measured[1:4] + measured[6:] == [BATCH * flops_per_sample(shape, True)] * 4

@@ -53,7 +53,8 @@ def test_vectorised_sample_idx_equals_megatron_loop(seq_length):
     num_epochs = 3
     doc_idx = helpers.build_doc_idx(documents, num_epochs, np.random.RandomState(1), False)
     expected = helpers.build_sample_idx_loop(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch)
-    np.testing.assert_array_equal(helpers.build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch), expected)
+    np.testing.assert_array_equal(
+        helpers.build_sample_idx(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch), expected)
 
 
 def test_num_epochs_closed_form_matches_megatron_loop():
@@ -65,7 +66,8 @@ def test_num_epochs_closed_form_matches_megatron_loop():
             if (total - 1) // seq_length >= num_samples:
                 return epochs
 
-    for t, l, n in [(10, 3, 0), (10, 9, 1), (10, 10, 1), (1000, 128, 7), (1000, 128, 8), (17, 16, 50), (12345, 2048, 99999)]:
+    for t, l, n in [(10, 3, 0), (10, 9, 1), (10, 10, 1), (1000, 128, 7), (1000, 128, 8), (17, 16, 50),
+                    (12345, 2048, 99999)]:
         assert helpers.num_epochs(t, l, n) == loop(t, l, n), (t, l, n)
 
 
@@ -106,7 +108,8 @@ def test_index_cache_is_reused_and_rebuilt_on_changes(tmp_path, build_counter):
     prefix = write_dataset(str(tmp_path / "ds"), random_docs(1, 50))
 
     def build(num_samples=100, seq_length=8, seed=1):
-        return build_train_valid_test_datasets([prefix], "mmap", "1,0,0", [num_samples, 0, 0], seq_length, seed, True)[0]
+        return build_train_valid_test_datasets([prefix], "mmap", "1,0,0", [num_samples, 0, 0], seq_length, seed,
+                                               True)[0]
 
     first = build()
     files = sorted(glob.glob(prefix + "_train_indexmap_100ns_8sl_1s_*.npy"))
@@ -213,7 +216,8 @@ def test_blending_indices_equal_sequential_reference():
 def test_blended_datasets_from_data_path(tmp_path):
     a = write_dataset(str(tmp_path / "a"), random_docs(5, 40))
     b = write_dataset(str(tmp_path / "b"), random_docs(6, 40))
-    train, valid, test = build_train_valid_test_datasets(["0.25", a, "0.75", b], "mmap", "1,0,0", [400, 0, 0], 8, 1, True)
+    train, valid, test = build_train_valid_test_datasets(["0.25", a, "0.75", b], "mmap", "1,0,0", [400, 0, 0],
+                                                         8, 1, True)
     assert isinstance(train, BlendableDataset) and valid is None and test is None
     assert len(train) == 400
     assert np.bincount(train.dataset_index).tolist() == [100, 300]
@@ -250,7 +254,8 @@ def test_bad_arguments(tmp_path, data_prefix, splits, match):
 
 def test_too_short_or_empty_data(tmp_path):
     short = write_dataset(str(tmp_path / "short"), [np.arange(4), np.arange(5)])
-    with pytest.raises(ValueError, match=r"the train split has 9 tokens in 2 documents, fewer than one sample of --seq-length 16 \+ 1"):
+    with pytest.raises(ValueError, match=r"the train split has 9 tokens in 2 documents, "
+                                         r"fewer than one sample of --seq-length 16 \+ 1"):
         build_train_valid_test_datasets([short], "mmap", "1,0,0", [10, 0, 0], 16, 1, True)
     empty = write_dataset(str(tmp_path / "empty"), [[], []])
     with pytest.raises(ValueError, match="the train split has 0 tokens"):
@@ -291,11 +296,12 @@ def test_sampler_errors(kwargs, match):
 def test_data_loader_batches(tmp_path):
     prefix = write_dataset(str(tmp_path / "ds"), random_docs(9, 60))
     ds = GPTDataset("train", prefix, np.arange(60), MMapIndexedDataset(prefix), 40, 8, seed=1)
-    loader = build_pretraining_data_loader(ds, consumed_samples=8, micro_batch_size=2, data_parallel_rank=1, data_parallel_size=2)
+    loader = build_pretraining_data_loader(ds, consumed_samples=8, micro_batch_size=2, data_parallel_rank=1,
+                                           data_parallel_size=2)
     batches = list(loader)
     assert len(batches) == len(loader) == (len(ds) - 8) // 4
     assert batches[0]["text"].dtype == torch.int64 and batches[0]["text"].shape == (2, 9)
     np.testing.assert_array_equal(batches[0]["text"].numpy(), np.stack([ds[10]["text"], ds[11]["text"]]))
     assert build_pretraining_data_loader(None, 0, 2, 0, 1) is None
     workers = build_pretraining_data_loader(ds, 8, 2, 1, 2, num_workers=2)
-    assert all(torch.equal(x["text"], y["text"]) for x, y in zip(workers, batches))
+    assert all(torch.equal(x["text"], y["text"]) for x, y in zip(workers, batches, strict=True))

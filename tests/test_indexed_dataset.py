@@ -106,7 +106,8 @@ def test_pickles_by_path(tmp_path, docs):
 
 def test_missing_files_name_data_path_and_the_fix(tmp_path, docs):
     prefix = str(tmp_path / "ds")
-    with pytest.raises(FileNotFoundError, match=rf"--data-path {prefix}: {prefix}.idx does not exist.*tools/preprocess_data.py"):
+    with pytest.raises(FileNotFoundError,
+                       match=rf"--data-path {prefix}: {prefix}.idx does not exist.*tools/preprocess_data.py"):
         make_dataset(prefix)
     write_dataset(prefix, docs)
     os.remove(prefix + ".bin")
@@ -121,7 +122,8 @@ def test_corrupt_files_are_rejected(tmp_path, docs):
     assert dataset_exists(prefix)
     with open(prefix + ".bin", "r+b") as f:
         f.truncate(100)
-    with pytest.raises(ValueError, match=r"ds.bin has 100 bytes but .*ds.idx describes 650; .*rerun tools/preprocess_data.py"):
+    with pytest.raises(ValueError,
+                       match=r"ds.bin has 100 bytes but .*ds.idx describes 650; .*rerun tools/preprocess_data.py"):
         make_dataset(prefix)
     with open(prefix + ".idx", "r+b") as f:
         f.truncate(60)

@@ -50,5 +50,5 @@ def test_launch_prints_memory_report_and_mfu(tmp_path):
     mfu = [e.value for e in events.Scalars("iteration-time/MFU")]
     sps = [e.value for e in events.Scalars("iteration-time/samples per second")]
     assert len(mfu) == ITERS
-    for m, s in zip(mfu, sps):
+    for m, s in zip(mfu, sps, strict=True):
         assert abs(m - model_flops * s / 2 / (PEAK * 1e12)) <= 1e-6 * m

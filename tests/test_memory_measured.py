@@ -65,7 +65,7 @@ def test_zero1_dp2_partitions_optimizer_state_with_deepspeed_padding():
     # by hand: groups (matrices, then 1-D) of 141,312 and 1,792 elements, both multiples of 2 x DP,
     # so each rank's fp32 slice is half; the weights are the two flat fp32 buffers
     matrices, vectors = V * H + S * H + L * 12 * H * H, L * 13 * H + 2 * H
-    for rank, _, _, dp, predicted, _ in rows:
+    for _rank, _, _, _dp, predicted, _ in rows:
         assert predicted["weights"] == 4 * (matrices + vectors)
         assert predicted["optimizer"] == 3 * 4 * (matrices + vectors) // 2 + 2 * 4  # master, m, v; 2 steps
     # rank 0's gradient buffer: the whole parameters that overlap its half of each group
@@ -88,7 +88,7 @@ def test_tp2_pp2_exact_state_and_activation_estimate(checkpoint):
     rows = run_distributed(4, _first_iteration, flags, tp=2, pp=2)[0]
     _check_exact(rows)
     last = [r for r in rows if r[1] == 1]
-    for *_, predicted, measured in last:
+    for *_, predicted, _measured in last:
         # the copy's position table: held (weights) but neither gradient nor Adam state
         assert predicted["weights"] - predicted["gradients"] == 4 * S * H
         assert predicted["in_flight"] == 1

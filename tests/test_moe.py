@@ -72,7 +72,7 @@ def _aux_loss_gradients(cases):
     from megatron.model.moe.aux_loss import aux_loss_gradient_scale, take_recorded_moe_losses
     out = []
     for checkpoint, loss_scale, micro_batches in cases:
-        def build(coeff):
+        def build(coeff, checkpoint=checkpoint):
             return _build(num_experts=(4,), expert_interval=1, topk=2, attention_impl="math",
                           moe=MoEOptions(loss_coeff=coeff, top2_2nd_expert_sampling=False),
                           checkpoint_activations=checkpoint, checkpoint_num_layers=1)
@@ -95,8 +95,9 @@ def _aux_loss_gradients(cases):
         aux_grads = torch.autograd.grad(AUX_COEFF * sum(l_aux) * loss_scale / micro_batches, params,
                                         allow_unused=True)
         names = [name for name, _ in reference.named_parameters()]
-        want = {n: sum(g for g in (lm, aux) if g is not None) for n, lm, aux in zip(names, lm_grads, aux_grads)}
-        aux_part = {n: g for n, g in zip(names, aux_grads) if g is not None}
+        want = {n: sum(g for g in (lm, aux) if g is not None)
+                for n, lm, aux in zip(names, lm_grads, aux_grads, strict=True)}
+        aux_part = {n: g for n, g in zip(names, aux_grads, strict=True) if g is not None}
         out.append(dict(loss=(loss.item(), ref_loss.item()), got=got, want=want, aux_part=aux_part,
                         recorded=[r.item() for r in recorded], l_aux=[t.item() for t in l_aux]))
     return out
@@ -119,7 +120,7 @@ def test_aux_loss_reaches_the_gradient_once_scaled_like_the_lm_loss(tp1_ep1):
     without recomputation; the value stays the lm loss; a training forward records the moe loss
     once (a recomputation records nothing)."""
     import torch
-    for (checkpoint, loss_scale, micro_batches), case in zip(AUX_LOSS_CASES, tp1_ep1["aux"]):
+    for (checkpoint, _loss_scale, _micro_batches), case in zip(AUX_LOSS_CASES, tp1_ep1["aux"], strict=True):
         assert case["loss"][0] == case["loss"][1], checkpoint  # the lm loss alone, bit for bit
         assert case["recorded"] == [pytest.approx(AUX_COEFF * sum(case["l_aux"]), rel=1e-6)], checkpoint
         assert set(case["got"]) == set(case["want"])

@@ -31,16 +31,19 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer(preprocess_data.get_args(["--input", "x", "--output-prefix", "y", "--vocab-file", VOCAB, "--merge-file", MERGES]))
+    return build_tokenizer(preprocess_data.get_args(["--input", "x", "--output-prefix", "y", "--vocab-file", VOCAB,
+                                                     "--merge-file", MERGES]))
 
 
 def write_jsonl(path, rows):
-    path.write_text("".join(r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    path.write_text("".join(r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                    encoding="utf-8")
     return str(path)
 
 
 def run(tmp_path, input_path, *extra, prefix="out"):
-    argv = ["--input", input_path, "--output-prefix", str(tmp_path / prefix), "--vocab-file", VOCAB, "--merge-file", MERGES, *extra]
+    argv = ["--input", input_path, "--output-prefix", str(tmp_path / prefix), "--vocab-file", VOCAB,
+            "--merge-file", MERGES, *extra]
     return preprocess_data.main(argv)
 
 
@@ -92,8 +95,8 @@ def test_several_json_keys(tmp_path, tokenizer):
 
 def test_null_tokenizer_and_wide_dtype(tmp_path):
     input_path = write_jsonl(tmp_path / "in.jsonl", [{"text": "1 2 3"}, {"text": "69999 0"}])
-    preprocess_data.main(["--input", input_path, "--output-prefix", str(tmp_path / "out"), "--tokenizer-type", "NullTokenizer",
-                          "--vocab-size", "70000", "--append-eod"])
+    preprocess_data.main(["--input", input_path, "--output-prefix", str(tmp_path / "out"),
+                          "--tokenizer-type", "NullTokenizer", "--vocab-size", "70000", "--append-eod"])
     ds = MMapIndexedDataset(str(tmp_path / "out_text_document"))
     assert ds.dtype == np.int32  # 70000 ids do not fit uint16
     assert [ds[0].tolist(), ds[1].tolist()] == [[1, 2, 3, 69999], [69999, 0, 69999]]
@@ -103,21 +106,26 @@ def test_null_tokenizer_and_wide_dtype(tmp_path):
 def test_invalid_line_stops_with_file_and_line_and_leaves_no_files(tmp_path, workers):
     rows = [DOCS[0], "\n", "{not json\n", DOCS[3]]  # the blank line 2 is not an error
     input_path = write_jsonl(tmp_path / "in.jsonl", rows)
-    with pytest.raises(ValueError, match=rf"--input {input_path} line 3: not valid UTF-8 JSON .*pass --skip-invalid-lines"):
+    with pytest.raises(ValueError,
+                       match=rf"--input {input_path} line 3: not valid UTF-8 JSON .*pass --skip-invalid-lines"):
         run(tmp_path, input_path, "--workers", workers)
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 
-@pytest.mark.parametrize("line, reason", [('["a list"]\n', "not a JSON object"), ('{"txt": "typo"}\n', "no string field 'text'"),
-                                          ('{"text": 5}\n', "no string field 'text'"), (b'{"text": "\xff"}\n', "not valid UTF-8")])
+@pytest.mark.parametrize("line, reason", [('["a list"]\n', "not a JSON object"),
+                                          ('{"txt": "typo"}\n', "no string field 'text'"),
+                                          ('{"text": 5}\n', "no string field 'text'"),
+                                          (b'{"text": "\xff"}\n', "not valid UTF-8")])
 def test_invalid_lines_are_skipped_with_a_warning(tmp_path, tokenizer, capsys, line, reason):
     input_path = tmp_path / "in.jsonl"
-    input_path.write_bytes(b"".join([json.dumps(DOCS[0]).encode() + b"\n", line if isinstance(line, bytes) else line.encode(),
+    input_path.write_bytes(b"".join([json.dumps(DOCS[0]).encode() + b"\n",
+                                     line if isinstance(line, bytes) else line.encode(),
                                      json.dumps(DOCS[3]).encode() + b"\n"]))
     run(tmp_path, str(input_path), "--skip-invalid-lines")
     assert f"warning: --input {input_path} line 2: {reason}" in capsys.readouterr().err
     ds = MMapIndexedDataset(str(tmp_path / "out_text_document"))
-    assert [ds[0].tolist(), ds[1].tolist()] == [tokenizer.tokenize(DOCS[0]["text"]), tokenizer.tokenize(DOCS[3]["text"])]
+    assert [ds[0].tolist(), ds[1].tolist()] == [tokenizer.tokenize(DOCS[0]["text"]),
+                                                tokenizer.tokenize(DOCS[3]["text"])]
 
 
 def test_failed_run_keeps_the_previous_dataset(tmp_path):
@@ -146,7 +154,8 @@ def test_missing_input_empty_corpus_and_missing_vocab(tmp_path):
 
 def test_command_line_progress_and_one_line_errors(tmp_path):
     input_path = write_jsonl(tmp_path / "in.jsonl", DOCS * 3)
-    common = [sys.executable, SCRIPT, "--output-prefix", str(tmp_path / "out"), "--vocab-file", VOCAB, "--merge-file", MERGES]
+    common = [sys.executable, SCRIPT, "--output-prefix", str(tmp_path / "out"), "--vocab-file", VOCAB,
+              "--merge-file", MERGES]
     ok = subprocess.run(common + ["--input", input_path, "--log-interval", "5"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "Processed 5 documents (" in ok.stderr and "docs/s" in ok.stderr and "MB/s" in ok.stderr

@@ -20,7 +20,7 @@ def test_progress_reports_the_share_of_the_input_and_an_eta(tmp_path, capsys):
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Processed")]
     assert len(progress) == 3  # after 5 and 10 documents, and at the end (12)
     size = sum(len(line) for line in lines)  # ASCII: characters are bytes
-    for line, documents in zip(progress, (5, 10, 12)):
+    for line, documents in zip(progress, (5, 10, 12), strict=True):
         share = 100 * sum(map(len, lines[:documents])) / size
         assert line.startswith(f"Processed {documents} documents (")
         assert f" of {size / 2**20:.2f} MB ({share:.1f}%), elapsed " in line

@@ -270,7 +270,8 @@ def test_family_runs_to_completion_with_the_exact_count(families, name):
         "ulysses": "microsoft_ulysses_1.3B_32k.txt"}[name]))
     assert flag_names(small) == [f for f in flag_names(full) if f not in DROPPED] == flag_names(published)
     # and every value shrink changed belongs to a size, length, interval, parallel size or path
-    changed = {f for (f, old), (_, new) in zip(flags_and_values(published), flags_and_values(small)) if old != new}
+    changed = {f for (f, old), (_, new) in zip(flags_and_values(published), flags_and_values(small), strict=True)
+               if old != new}
     assert changed <= SHRINKABLE, changed - SHRINKABLE
     out = result["stdout"]
     assert f"model parameters (exact): {expected:,} total" in out, out[-3000:]

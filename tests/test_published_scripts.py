@@ -240,7 +240,8 @@ def _one_step(config_path):
     before = [p.detach().clone() for p in engine.module.parameters()]
     engine.train()
     trainer.train_step()
-    update = torch.stack([(p.detach() - b).norm() for p, b in zip(engine.module.parameters(), before)]).norm()
+    update = torch.stack([(p.detach() - b).norm()
+                          for p, b in zip(engine.module.parameters(), before, strict=True)]).norm()
     return {"grad_norm": float(engine.get_global_grad_norm()), "update_norm": float(update),
             "lines": [ln for ln in out.getvalue().splitlines() if ln.startswith("--clip-grad")]}
 

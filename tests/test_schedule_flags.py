@@ -15,7 +15,7 @@ def _dataset(tmp_path):
     from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
     prefix = str(tmp_path / "d_text_document")
     builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-    for d in range(10):
+    for _ in range(10):
         builder.add_item(np.arange(40) % 500)
         builder.end_document()
     builder.finalize(prefix + ".idx")

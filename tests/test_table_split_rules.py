@@ -50,7 +50,7 @@ def test_every_built_parameter_has_one_entry_with_the_split_its_layer_tagged_and
         table = parameter_table(shape)
         for pipeline, names in ((False, list(built[name]["plain"])), (True, built[name]["pipe"])):
             entries = [table_entry(n, shape, pipeline) for n in names]
-            assert None not in entries, (name, pipeline, [n for n, e in zip(names, entries) if e is None])
+            assert None not in entries, (name, pipeline, [n for n, e in zip(names, entries, strict=True) if e is None])
             assert len(set(entries)) == len(entries), (name, pipeline)  # one entry per parameter
             assert set(entries) == set(table), (name, pipeline)  # PP=1: every entry is built
         # ColumnParallelLinear / VocabParallelEmbedding tag dim 0, RowParallelLinear dim 1, the

@@ -47,7 +47,7 @@ def test_tp2_matches_tp1_weights_outputs_and_gradients():
 def test_sdpa_and_math_attention_agree():
     sdpa = run_distributed(2, _forward_backward, "sdpa", tp=2)
     math = run_distributed(2, _forward_backward, "math", tp=2)
-    for a, b in zip(sdpa, math):
+    for a, b in zip(sdpa, math, strict=True):
         torch.testing.assert_close(a["logits"], b["logits"], rtol=1e-5, atol=1e-6)
         for name in a["params"]:
             torch.testing.assert_close(a["params"][name][1], b["params"][name][1], rtol=1e-4, atol=1e-6)

@@ -137,7 +137,8 @@ def test_null_tokenizer():
         (gpt2_args(vocab_file="/nonexistent/vocab.json"), FileNotFoundError, "--vocab-file /nonexistent/vocab.json"),
         (gpt2_args(merge_file="/nonexistent/merges.txt"), FileNotFoundError, "--merge-file /nonexistent/merges.txt"),
         (gpt2_args(tokenizer_type="GPT2BPETokenizer", merge_file=None), ValueError, "needs --merge-file"),
-        (gpt2_args(tokenizer_type="BertWordPieceLowerCase"), ValueError, "--tokenizer-type 'BertWordPieceLowerCase' is not supported"),
+        (gpt2_args(tokenizer_type="BertWordPieceLowerCase"), ValueError,
+         "--tokenizer-type 'BertWordPieceLowerCase' is not supported"),
         (gpt2_args(vocab_file=None, vocab_size=None), ValueError, "NullTokenizer needs --vocab-size"),
     ],
 )
@@ -178,7 +179,8 @@ def test_train_bpe_vocab_writes_loadable_gpt2_files(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus_texts(20)))
     vocab_file, merge_file = tmp_path / "v.json", tmp_path / "m.txt"
-    train_bpe_vocab.main(["--input", str(corpus), "--vocab-size", "600", "--vocab-file", str(vocab_file), "--merge-file", str(merge_file)])
+    train_bpe_vocab.main(["--input", str(corpus), "--vocab-size", "600", "--vocab-file", str(vocab_file),
+                          "--merge-file", str(merge_file)])
     tok = build_tokenizer(gpt2_args(vocab_file=str(vocab_file), merge_file=str(merge_file)))
     ref = ByteLevelBPETokenizer(str(vocab_file), str(merge_file))
     assert tok.vocab_size == 600 and tok.eod == 599

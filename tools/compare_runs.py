@@ -51,7 +51,7 @@ def fit_families(runs: Sequence[Run], args: argparse.Namespace) -> dict[str, Pow
     fits = {}
     for arch, members in families.items():
         points = [(c, loss) for run in members
-                  for c, loss in zip(*_xy(run, args.fit_on, "gigaflos"))
+                  for c, loss in zip(*_xy(run, args.fit_on, "gigaflos"), strict=True)
                   if args.fit_min_gigaflos <= c <= args.fit_max_gigaflos]
         names = ", ".join(run.name for run in members)
         if len(points) < 4:
@@ -59,7 +59,7 @@ def fit_families(runs: Sequence[Run], args: argparse.Namespace) -> dict[str, Pow
                            f"{args.fit_min_gigaflos} and --fit-max-gigaflos {args.fit_max_gigaflos}; "
                            "a 3-parameter fit needs at least 4: widen the range or log more often (--log-interval)")
         try:
-            fits[arch] = fit_power_law(*zip(*points))
+            fits[arch] = fit_power_law(*zip(*points, strict=True))
         except RuntimeError as e:  # curve_fit did not converge
             raise RunError(f"--fit: the power law does not fit the points of {names} ({e}); "
                            "select another range with --fit-min-gigaflos / --fit-max-gigaflos") from None
@@ -105,7 +105,7 @@ def draw(runs: Sequence[Run], fits: dict[str, PowerLawFit], args: argparse.Names
         fit_ax.plot(c, fit(c), linestyle="--", color=colors[members[0].path], linewidth=2, label=label)
     handles, labels = [], []
     for ax in (axes[0][0], axes[1][0]):
-        for h, label in zip(*ax.get_legend_handles_labels()):
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label not in labels:
                 handles.append(h)
                 labels.append(label)

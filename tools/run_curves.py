@@ -110,7 +110,7 @@ def _curve(path: str, events: "EventAccumulator", tag: str,
     the end-of-training validation) keeps the last point written."""
     samples, tokens, gigaflos = (events.Scalars(tag + AXES[a]) for a in ("samples", "tokens", "gigaflos"))
     points, seq_lengths = {}, set()
-    for s, t, g in zip(samples, tokens, gigaflos):  # a run killed mid-log may lack the last triple
+    for s, t, g in zip(samples, tokens, gigaflos, strict=False):  # a run killed mid-log may lack the last triple
         if s.step > 0:
             seq_lengths.add(t.step // s.step if t.step % s.step == 0 else t.step / s.step)
         exact = 6 * compute_parameters * t.step / 1e9

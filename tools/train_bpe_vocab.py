@@ -42,7 +42,8 @@ def read_texts(path: str, key: str) -> Iterator[str]:
                 try:
                     yield json.loads(line)[key]
                 except (ValueError, KeyError, TypeError) as e:
-                    raise SystemExit(f"error: --input {path} line {line_number}: no string {key!r} field ({e})")
+                    raise SystemExit(f"error: --input {path} line {line_number}: "
+                                     f"no string {key!r} field ({e})") from None
 
 
 def train_merges(texts: Iterable[str], vocab_size: int, min_frequency: int) -> list[tuple[str, ...]]:

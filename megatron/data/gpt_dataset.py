@@ -39,16 +39,16 @@ def build_train_valid_test_datasets(
         data_prefix, train_valid_test_num_samples
     )
     splits: list[list[tuple[GPTDataset, float]]] = [[], [], []]
-    for prefix, weight, num_samples in zip(prefixes, weights, per_dataset_num_samples):
+    for prefix, weight, num_samples in zip(prefixes, weights, per_dataset_num_samples, strict=True):
         datasets = _build_train_valid_test_datasets(
             prefix, data_impl, splits_string, num_samples, seq_length, seed, skip_warmup
         )
-        for split, dataset in zip(splits, datasets):
+        for split, dataset in zip(splits, datasets, strict=True):
             if dataset is not None:
                 split.append((dataset, weight))
     return tuple(
         BlendableDataset([d for d, _ in split], [w for _, w in split], size) if split and size > 0 else None
-        for split, size in zip(splits, train_valid_test_num_samples)
+        for split, size in zip(splits, train_valid_test_num_samples, strict=True)
     )
 
 

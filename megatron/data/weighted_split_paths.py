@@ -144,7 +144,7 @@ def build_datasets(
            list[tuple[str, torch.utils.data.Dataset]] | None]:
     """(train dataset, [(name, valid dataset)] or None, [(name, test dataset)] or None)."""
     out: list[list[tuple[str, torch.utils.data.Dataset]] | None] = []
-    for split, num_samples in zip(SPLITS, train_valid_test_num_samples):
+    for split, num_samples in zip(SPLITS, train_valid_test_num_samples, strict=True):
         if split not in groups or num_samples <= 0:
             out.append(None)
             continue

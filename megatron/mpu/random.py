@@ -152,7 +152,7 @@ class CheckpointFunction(torch.autograd.Function):
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
         # an output that does not depend on the inputs' graph (e.g. a value passed through) has nothing to do
-        pairs = [(out, grad) for out, grad in zip(outputs, grads) if out.requires_grad]
+        pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if out.requires_grad]
         torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         return (None,) + tuple(x.grad for x in inputs)
 

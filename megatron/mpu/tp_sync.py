@@ -37,6 +37,7 @@ def _averager(params: list[nn.Parameter], group: dist.ProcessGroup, src_rank: in
             deviation = local - reference
             dist.all_reduce(deviation, group=group)
             synced = reference + deviation / world_size
-            for p, value in zip(params, torch._utils._unflatten_dense_tensors(synced, [p.data for p in params])):
+            values = torch._utils._unflatten_dense_tensors(synced, [p.data for p in params])
+            for p, value in zip(params, values, strict=True):
                 p.data.copy_(value)
     return average

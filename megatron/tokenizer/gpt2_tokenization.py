@@ -107,7 +107,7 @@ class GPT2Tokenizer:
         word = list(piece)
         ranks = self.bpe_ranks
         while len(word) > 1:
-            best = min(zip(word, word[1:]), key=lambda pair: ranks.get(pair, float("inf")))
+            best = min(zip(word, word[1:], strict=False), key=lambda pair: ranks.get(pair, float("inf")))
             if best not in ranks:
                 break
             first, second = best
