@@ -1,5 +1,7 @@
 """Pretrain GPT: `deepspeed pretrain_gpt.py <Megatron-DeepSpeed flags>`."""
 import sys
+from argparse import Namespace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -9,8 +11,12 @@ from megatron.model.config import GPTConfig
 from megatron.model.gpt_model import GPTModel, GPTModelPipe
 from megatron.model.moe import create_expert_groups
 
+if TYPE_CHECKING:
+    from megatron.trainer import TrainerHooks
+    from megatron.training_state import TrainingProgress
 
-def model_provider(args):
+
+def model_provider(args: Namespace) -> GPTModel | GPTModelPipe:
     config = GPTConfig.from_args(args)
     create_expert_groups(args.model_shape)  # MoE: DeepSpeed's expert groups, before the experts are built
     if args.ds_pipeline_enabled:
@@ -18,7 +24,7 @@ def model_provider(args):
     return GPTModel(config, seed=args.seed)
 
 
-def get_batch(data):
+def get_batch(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """{"text": [b, s+1]} -> (tokens [b, s], (labels [b, s], loss_mask [b, s]))."""
     from megatron import get_args, get_tokenizer
     text = data["text"].long()
@@ -31,12 +37,14 @@ def get_batch(data):
     return tokens, (labels, loss_mask)
 
 
-def forward_step(batch, model):
+def forward_step(batch: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]], model: Any) -> torch.Tensor:
+    # model: the DeepSpeed engine around GPTModel
     tokens, (labels, loss_mask) = batch
     return model(tokens, labels, loss_mask)
 
 
-def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
+def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_samples: list[int]) -> tuple[Any, ...]:
+    # per split: a Dataset, [(group name, Dataset)] (--valid/--test-weighted-split-paths) or None
     print_rank_0(f"building train / valid / test datasets for {train_valid_test_num_samples} samples")
     if args.mock_data:
         from megatron import get_tokenizer
@@ -57,7 +65,8 @@ def train_valid_test_datasets_provider(args, train_valid_test_num_samples):
         raise ConfigError(str(e)) from None
 
 
-def main(args_list=None, hooks=None):
+def main(args_list: list[str] | None = None,
+         hooks: "TrainerHooks | None" = None) -> "tuple[Namespace, TrainingProgress]":
     """hooks: a megatron.training.TrainerHooks that watches the run (tests/pretrain_driver.py)."""
     from megatron.training import pretrain
     try:

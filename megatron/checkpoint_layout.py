@@ -167,7 +167,7 @@ def read_layout(step_directory: str, where: str) -> CheckpointLayout:
 def write_model_info(step_directory: str, args: Any) -> None:
     """What a tool needs besides the layout to rebuild or export the model: numerics and the
     tokenizer (files by absolute path). Written by rank 0 next to megatron_layout.json."""
-    def path(p):
+    def path(p: str | None) -> str | None:
         return os.path.abspath(p) if p else None
     info = {"vocab_size": args.model_shape.vocab_size, "seq_length": args.seq_length,
             "make_vocab_size_divisible_by": args.make_vocab_size_divisible_by,

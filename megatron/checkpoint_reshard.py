@@ -165,7 +165,7 @@ class Checkpoint:
         weights = {key: t for (l, key), t in mp_states[path].items() if l == layer}
         return path, weights
 
-    def read_weights(self, layers=None):
+    def read_weights(self, layers: Iterable[int] | None = None) -> dict[tuple[int, str], torch.Tensor]:
         """{(layer, key): full tensor} for every table parameter of `layers` (all by default)."""
         full, mp_states = {}, {}
         for layer in sorted(self._layers(layers)):
@@ -227,7 +227,7 @@ class Checkpoint:
                            "form": "flat" if zero_files(self.step_dir, 0) else "torch"}
         return self._setup
 
-    def read_masters_and_optimizer(self, layers=None):
+    def read_masters_and_optimizer(self, layers: Iterable[int] | None = None) -> tuple[dict, dict]:
         """({(layer, key): fp32 master or None}, {(layer, key): optimizer state}): the fp32 master
         weights (None where the weights are the masters: the plain fp32 optimizer) and Adam's
         full moments and step, whatever the saved precision, ZeRO stage and layout."""
@@ -238,7 +238,8 @@ class Checkpoint:
         states, _ = self.read_optimizer(layers)
         return {}, states
 
-    def read_optimizer(self, layers=None):
+    def read_optimizer(self, layers: Iterable[int] | None = None
+                       ) -> tuple[dict[tuple[int, str], dict[str, Any]], list[dict] | None]:
         """{(layer, key): {state name: full tensor, or the scalar step}} of the optimizer, from the
         stage that owns each parameter (TP rank 0 for TP-replicated ones, which every TP rank
         updates identically), and the saved param-group hyperparameters."""

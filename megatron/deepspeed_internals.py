@@ -187,7 +187,7 @@ def call_once_before_step(optimizer: Any, before: Callable[[Any], None]) -> None
     shadowed on the instance."""
     original, shadowed = optimizer.step, "step" in vars(optimizer)
 
-    def step(*a, **kw):
+    def step(*a: Any, **kw: Any) -> Any:
         if shadowed:
             optimizer.step = original
         else:

@@ -6,6 +6,10 @@ An MoE model's load-balancing loss gets its gradient scale here (`_moe_aux_loss_
 logged value from `pop_moe_loss`."""
 from __future__ import annotations
 
+from argparse import Namespace
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 
 from megatron import mpu
@@ -28,11 +32,11 @@ class PipelineSteps:
     def __init__(self, engine):
         self.engine = engine
 
-    def train_batch(self, data_iterator):
+    def train_batch(self, data_iterator: Iterator) -> torch.Tensor:
         with _moe_aux_loss_scale(self.engine):
             return self.engine.train_batch(data_iter=data_iterator)
 
-    def eval_batch(self, data_iterator):
+    def eval_batch(self, data_iterator: Iterator) -> torch.Tensor:
         return self.engine.eval_batch(data_iter=data_iterator)
 
 
@@ -47,7 +51,7 @@ class ModuleSteps:
     def _micro_batches(self):
         return self.engine.gradient_accumulation_steps()
 
-    def train_batch(self, data_iterator):
+    def train_batch(self, data_iterator: Iterator) -> torch.Tensor:
         with _moe_aux_loss_scale(self.engine):
             return self._train_batch(data_iterator)
 
@@ -60,13 +64,14 @@ class ModuleSteps:
             total = total + loss.detach()
         return average_over_data_parallel(total / self._micro_batches())
 
-    def eval_batch(self, data_iterator):
+    def eval_batch(self, data_iterator: Iterator) -> torch.Tensor:
         with torch.no_grad():
             total = sum(self.forward_step_func(next(data_iterator), self.engine) for _ in range(self._micro_batches()))
         return average_over_data_parallel(total / self._micro_batches())
 
 
-def engine_steps(engine, forward_step_func, args):
+def engine_steps(engine: Any, forward_step_func: Callable, args: Namespace) -> PipelineSteps | ModuleSteps:
+    # engine: the DeepSpeed engine (PipelineEngine or DeepSpeedEngine)
     return PipelineSteps(engine) if args.ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
 
 

@@ -1,6 +1,10 @@
 """Process-wide singletons: args, timers, TensorBoard writer, tokenizer."""
 import argparse
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 _GLOBAL_ARGS = None
 _GLOBAL_TIMERS = None
@@ -25,16 +29,16 @@ def get_timers() -> "Timers":
     return _GLOBAL_TIMERS
 
 
-def get_tokenizer():
+def get_tokenizer() -> Any:  # the tokenizer build_tokenizer made (several classes), or None
     return _GLOBAL_TOKENIZER
 
 
-def set_tokenizer(tokenizer) -> None:
+def set_tokenizer(tokenizer: Any) -> None:
     global _GLOBAL_TOKENIZER
     _GLOBAL_TOKENIZER = tokenizer
 
 
-def get_tensorboard_writer():
+def get_tensorboard_writer() -> "SummaryWriter | None":
     return _GLOBAL_TENSORBOARD_WRITER
 
 

@@ -6,6 +6,8 @@ experts once over every rank), summed over the model-parallel group (every rank 
 Megatron-DeepSpeed computes the norm the same way; its zeros count is only computed by Megatron's
 own optimizer, which a DeepSpeed run does not use (the fork logs 0 or nothing there). Here the
 zeros are counted in the optimizer's pre-step hook, on the gradient the step applies."""
+from types import ModuleType
+
 import torch
 import torch.distributed as dist
 
@@ -30,7 +32,7 @@ def _sum(value, group):
     return float(total.item())
 
 
-def params_norm(model: torch.nn.Module, mpu) -> float:
+def params_norm(model: torch.nn.Module, mpu: ModuleType) -> float:
     """L2 norm of every parameter of the model, each counted once (float64 sums of squares)."""
     owned, group = _ownership(model, mpu)
     squares = sum(float(p.detach().double().pow(2).sum()) for p in model.parameters() if owned(p))

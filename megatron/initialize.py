@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import os
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from megatron.mfu import cache_mfu, resolve_mfu
 from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
 
 
-def initialize_megatron(extra_args_provider=None, args_list=None) -> FrozenArgs:
+def initialize_megatron(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> FrozenArgs:
     """Returns args, read-only from here on; the run's configuration as immutable values is
     args.run_config (megatron/run_config.py)."""
     args = parse_args(extra_args_provider, args_list)

@@ -16,6 +16,10 @@ With fp16's dynamic loss scale the first steps usually overflow and are skipped:
 state does not exist yet after iteration 1 and the report shows a MISMATCH for it (use bf16, or
 a static --loss-scale, to check it).
 """
+from argparse import Namespace
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 
 from megatron import mpu, print_rank_last
@@ -57,7 +61,7 @@ def _tensors_in(value, depth=0):
             yield from _tensors_in(v, depth + 1)
 
 
-def weight_tensors(model):
+def weight_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
     for p in model.parameters():
         yield getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p
         if hasattr(p, "ds_tensor") and p.numel() > 0:
@@ -88,7 +92,7 @@ class SavedTensorPeak:
     def _unpack(saved):
         return saved.tensor if isinstance(saved, _Saved) else saved
 
-    def release(self, ptr):
+    def release(self, ptr: int) -> None:
         count, size = self.live[ptr]
         if count == 1:
             del self.live[ptr]
@@ -162,19 +166,19 @@ class MemoryProbe:
         return dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=activations)
 
 
-def start_memory_probe(engine, setup: TrainingSetup) -> MemoryProbe:
+def start_memory_probe(engine: Any, setup: TrainingSetup) -> MemoryProbe:  # engine: the DeepSpeed engine
     """Called once after the engine is built; `finish_memory_probe` after the first iteration.
     The caller holds the probe (the Trainer: `memory_probe`)."""
     return MemoryProbe(engine, setup)
 
 
-def training_setup(args, engine) -> TrainingSetup:
+def training_setup(args: Namespace, engine: Any) -> TrainingSetup:  # engine: the DeepSpeed engine
     """The setup the prediction needs; fused Adam is read off the optimizer the engine got."""
     basic = basic_optimizer(engine)
     return TrainingSetup.from_args(args, fused_adam=type(basic).__name__ == "FusedAdam")
 
 
-def finish_memory_probe(probe: MemoryProbe, args) -> list[tuple]:
+def finish_memory_probe(probe: MemoryProbe, args: Namespace) -> list[tuple]:
     """Every rank measures; the last rank prints measured next to predicted for every rank.
     Returns [(rank, stage, tp rank, dp rank, predicted RankMemory, measured dict)] on every rank."""
     measured = probe.measure()
@@ -214,7 +218,7 @@ def format_comparison(result: list[tuple], cuda: bool = False) -> list[str]:
     return lines
 
 
-def startup_report(engine, args) -> MemoryProbe:
+def startup_report(engine: Any, args: Namespace) -> MemoryProbe:  # engine: the DeepSpeed engine
     """At startup, once the engine is built: the predicted memory table and the peak MFU is
     measured against (rank 0); then arm the measurement of the first iteration: returns the
     probe, for `finish_memory_probe` after it."""

@@ -5,9 +5,11 @@ TFLOPs in the log line keep Megatron-DeepSpeed's meaning (recompute included: ha
 MFU counts only the model's FLOPs, `flops_per_sample(shape, checkpoint_activations=False)`, so
 runs with and without activation checkpointing, and other trainers, compare on one scale.
 """
+from argparse import Namespace
 from dataclasses import dataclass
 
 from megatron.model.analytic import flops_per_sample
+from megatron.model.shape import ModelShape
 
 # Dense (no structured sparsity) peak TFLOP/s of one device, from the vendors' datasheets:
 #   A100 (SXM and PCIe, 40/80 GB): NVIDIA A100 Tensor Core GPU datasheet
@@ -57,7 +59,7 @@ def resolve_peak_tflops(peak_flag: float | None, device_name: str | None, dtype:
     return peak, f"MFU against the {entry} dense {dtype} peak, {peak:g} TFLOP/s per device"
 
 
-def model_flops_per_sample(shape) -> int:
+def model_flops_per_sample(shape: ModelShape) -> int:
     return flops_per_sample(shape, checkpoint_activations=False)
 
 
@@ -74,7 +76,7 @@ class MfuSettings:
     reason: str                           # the startup line: which peak MFU is measured against
 
 
-def resolve_mfu(args, device_name: str | None = None) -> MfuSettings:
+def resolve_mfu(args: Namespace, device_name: str | None = None) -> MfuSettings:
     """The model FLOPs per sample and the device's peak (--peak-tflops, or the table for the CUDA
     device this rank uses)."""
     if device_name is None:
@@ -88,7 +90,7 @@ def resolve_mfu(args, device_name: str | None = None) -> MfuSettings:
     return MfuSettings(model_flops_per_sample(args.model_shape), peak, why)
 
 
-def configure_mfu(args, device_name: str | None = None) -> str:
+def configure_mfu(args: Namespace, device_name: str | None = None) -> str:
     """The line saying which peak MFU is measured against. initialize_megatron resolves it once
     (args.run_config.mfu) and caches args.model_flops_per_sample / args.peak_tflops_per_device
     before args is frozen; args built without it (tests, tools) get both cached here."""
@@ -100,12 +102,12 @@ def configure_mfu(args, device_name: str | None = None) -> str:
     return settings.reason
 
 
-def cache_mfu(args, settings: MfuSettings) -> None:
+def cache_mfu(args: Namespace, settings: MfuSettings) -> None:
     args.model_flops_per_sample = settings.model_flops_per_sample
     args.peak_tflops_per_device = settings.peak_tflops_per_device
 
 
-def interval_mfu(samples: int, elapsed: float, args) -> float | None:
+def interval_mfu(samples: int, elapsed: float, args: Namespace) -> float | None:
     """The logger's MFU over an interval, or None without a peak (configure_mfu said why)."""
     peak = getattr(args, "peak_tflops_per_device", None)
     if peak is None:

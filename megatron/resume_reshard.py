@@ -173,7 +173,7 @@ def load_resharded(engine: Any, args: Any) -> tuple[str, dict]:
     del full
     ident_of = {id(p): ident for p, ident in params}
 
-    def local(p):
+    def local(p: torch.nn.Parameter) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
         """(fp32 master, Adam's moments, step) of this rank's slice of p."""
         ident = ident_of[id(p)]
         spec, saved = specs[ident], states.get(ident) or {}

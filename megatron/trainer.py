@@ -9,6 +9,7 @@ import os
 import time
 from argparse import Namespace
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import deepspeed
 import torch
@@ -22,7 +23,7 @@ from megatron.grad_stats import ZeroCounter, params_norm
 from megatron.learning_rates import AnnealingLR, schedule_lengths
 from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
-from megatron.model.analytic import gigaflos_no_embeds
+from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
@@ -42,7 +43,7 @@ class TrainerHooks:
     """What a Trainer reports while it runs, for tests and tools that watch a run without rewiring
     it. Every method is a no-op here: subclass, override what you need, pass it as `hooks=`."""
 
-    def on_parameter_counts(self, trainer: "Trainer", counts) -> None:
+    def on_parameter_counts(self, trainer: "Trainer", counts: ParameterCounts) -> None:
         """Each time the run counts its parameters (once, at build)."""
 
     def on_build(self, trainer: "Trainer") -> None:
@@ -142,7 +143,7 @@ class Trainer:
 
     def build_data_iterators(self, dataset_provider: Callable, batch_fn: Callable) -> None:
         """The splits' iterators, from where the progress stands (megatron/training_data.py)."""
-        def watched(data):
+        def watched(data: Any) -> Any:  # a batch as the loader yields it; batch_fn's result
             self.hooks.on_batch(self, data)
             return batch_fn(data)
         self.train_iter, self.valid_iters, self.test_iters = build_data_iterators(

@@ -1,5 +1,6 @@
 """The training run's data: the datasets sized for the run, and one iterator per split that
 resumes where the checkpoint's progress says (see Trainer.build_data_iterators)."""
+from argparse import Namespace
 from collections.abc import Callable, Iterator
 
 from megatron import mpu
@@ -11,14 +12,14 @@ from megatron.training_state import TrainingProgress
 NamedIterators = list[tuple[str | None, Iterator]] | None
 
 
-def train_samples(args) -> int:
+def train_samples(args: Namespace) -> int:
     """Samples the training split is sized for (--train-tokens: what the run consumes up to it)."""
     if args.train_tokens is not None:
         return run_length(args)[1]
     return args.train_samples if args.train_samples is not None else args.train_iters * args.global_batch_size
 
 
-def build_data_iterators(provider: Callable, args, progress: TrainingProgress, batch_fn: Callable,
+def build_data_iterators(provider: Callable, args: Namespace, progress: TrainingProgress, batch_fn: Callable,
                          total_iterations: int) -> tuple[Iterator | None, NamedIterators, NamedIterators]:
     """Every rank builds the datasets (index caches are written by rank 0 only); the first and
     last pipeline stages (every rank without PP) read batches. Returns the training iterator and,

@@ -3,7 +3,9 @@
 Everything here reads cached numbers (args.parameters*, args.flops_per_sample) and plain values
 the training loop hands over: no collective, no walk over the model's parameters, no engine."""
 import math
+from argparse import Namespace
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,10 +18,10 @@ from megatron.training_state import TrainingProgress
 class _NoWriter:
     """Stands in for the SummaryWriter on ranks (or runs) that write no TensorBoard."""
 
-    def add_scalar(self, *args, **kwargs):
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def add_text(self, *args, **kwargs):
+    def add_text(self, *args: Any, **kwargs: Any) -> None:
         pass
 
 
@@ -39,7 +41,7 @@ def _write_group(writer, tag, value, progress, args, axes=("iteration", "samples
         writer.add_scalar(tag + suffix, value, step)
 
 
-def log_model_size(args, report_lines: list[str]) -> None:
+def log_model_size(args: Namespace, report_lines: list[str]) -> None:
     """Once, at step 0, for the arch-and-scaling dashboards. TensorBoard stores scalars as float32,
     exact only below 2^24 (16.7M): the scalars are for plotting, and the exact integers (the
     startup report's table) go next to them as a text summary."""
@@ -83,14 +85,14 @@ class IntervalStats:
         return None if self.moe_loss is None else float(self.moe_loss) / max(1, self.applied)
 
 
-def throughput(samples: int, elapsed: float, args) -> tuple[float, float, float]:
+def throughput(samples: int, elapsed: float, args: Namespace) -> tuple[float, float, float]:
     """(samples/s, tokens/s, TFLOPs per GPU) over a logging interval of `samples` samples."""
     samples_per_second = samples / elapsed
     tflops = args.flops_per_sample * samples / (elapsed * args.world_size * 1e12)
     return samples_per_second, samples_per_second * args.seq_length, tflops
 
 
-def training_log(stats: IntervalStats, elapsed: float, progress: TrainingProgress, args, *, lr: float,
+def training_log(stats: IntervalStats, elapsed: float, progress: TrainingProgress, args: Namespace, *, lr: float,
                  grad_norm: float | torch.Tensor | None, loss_scale: float | None, global_batch_size: int,
                  total_iterations: int, params_norm: float | None = None, num_zeros: int | None = None) -> None:
     """The line over `stats`' iterations, `elapsed` seconds of training steps; total_iterations:
@@ -153,7 +155,7 @@ def training_log(stats: IntervalStats, elapsed: float, progress: TrainingProgres
     print_rank_last(line)
 
 
-def evaluation_log(prefix: str, loss: float, progress: TrainingProgress, args, tensorboard: bool = True,
+def evaluation_log(prefix: str, loss: float, progress: TrainingProgress, args: Namespace, tensorboard: bool = True,
                    name: str | None = None) -> None:
     """One evaluation's line and scalars; `name`: a --valid-weighted-split-paths group, whose line
     and tags carry it as BigScience's fork names them (`NAME loss at ...`,

@@ -22,14 +22,24 @@ list, a shape or a count that differs from the table's stops the run before trai
 The analytic side (the same numbers from the shape alone) lives in megatron/model/analytic.py.
 torch is imported lazily: tools/param_count.py uses this module's report without it.
 """
+from argparse import Namespace
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 from megatron.model.analytic import (
     COMPONENTS,
     ParameterCounts,
+    ParamSpec,
     StageCount,
     analytic_parameter_counts,
     experts_per_expert_parallel_rank,
     flops_per_sample,
 )
+from megatron.model.shape import ModelShape
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _expert_parallel_first_experts(model):
@@ -57,7 +67,7 @@ def _table_entry_name(name, first_expert, pipe_shift_after):
     return name
 
 
-def match_parameters_to_table(model, shape):
+def match_parameters_to_table(model: "torch.nn.Module", shape: ModelShape) -> dict[int, ParamSpec]:
     """id(param) -> its entry of the parameter table (megatron/model/analytic.py), matched by name
     (GPTModel's or GPTModelPipe's, experts by global index) and by shape (this rank's TP slice of
     the entry's full shape). A parameter the table does not list, or whose shape differs from its
@@ -87,7 +97,7 @@ def match_parameters_to_table(model, shape):
     return entries
 
 
-def shape_flags(shape):
+def shape_flags(shape: ModelShape) -> str:
     """The model's flag combination, as its shape's fields that differ from the defaults."""
     from dataclasses import fields
     return " ".join(f"{f.name}={getattr(shape, f.name)}" for f in fields(shape) if getattr(shape, f.name) != f.default)
@@ -102,7 +112,7 @@ def _numel(param):
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def is_owned_parameter(param, tp_rank):
+def is_owned_parameter(param: "torch.nn.Parameter", tp_rank: int) -> bool:
     """Whether this rank owns `param` for counting (and for the gradient norm): not DeepSpeed's
     non-owner copy of a tied module, and, if TP-replicated, only on TP rank 0."""
     if getattr(param, "ds_pipe_replicated", False):
@@ -110,7 +120,8 @@ def is_owned_parameter(param, tp_rank):
     return tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
 
 
-def count_local_parameters(model, tp_rank, shape):
+def count_local_parameters(model: "torch.nn.Module", tp_rank: int,
+                           shape: ModelShape) -> tuple[dict[str, int], int, int]:
     """This rank's view: ({component: owned count}, all local elements, transformer layers)."""
     from megatron.model.transformer import ParallelTransformerLayer
 
@@ -126,7 +137,7 @@ def count_local_parameters(model, tp_rank, shape):
     return owned, local, layers
 
 
-def compute_parameter_counts(model, mpu, shape):
+def compute_parameter_counts(model: "torch.nn.Module", mpu: ModuleType, shape: ModelShape) -> ParameterCounts:
     """The whole model's ParameterCounts, the same on every rank. One collective: an int64
     all-reduce over TP x PP holding the component totals and, per stage, (layers, elements held
     by its TP rank 0, owned elements)."""
@@ -169,13 +180,14 @@ def _moe_layers(model):
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def is_moe_model(model):
+def is_moe_model(model: "torch.nn.Module") -> bool:
     """From the model, not this rank's modules: a pipeline stage may hold no MoE layer, and every
     rank must take the same (collective) path."""
     return getattr(model, "is_moe", False) or bool(_moe_layers(model))
 
 
-def moe_parameter_owner(model, mpu):
+def moe_parameter_owner(model: "torch.nn.Module",
+                        mpu: ModuleType) -> "Callable[[torch.nn.Parameter], bool] | None":
     """owned(param) for an MoE model on this rank (the rule above); None for a dense model."""
     from megatron.deepspeed_internals import expert_data_parallel_rank, is_expert_parameter
 
@@ -187,7 +199,7 @@ def moe_parameter_owner(model, mpu):
     edp_rank = {layer.expert_group_name: expert_data_parallel_rank(layer.expert_group_name)
                 for layer in layers}
 
-    def owned(param):
+    def owned(param: "torch.nn.Parameter") -> bool:
         if is_expert_parameter(param):
             tp_owned = not expert_tp or tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
             return edp_rank[param.group_name] == 0 and tp_owned
@@ -195,7 +207,8 @@ def moe_parameter_owner(model, mpu):
     return owned
 
 
-def compute_moe_parameter_counts(model, mpu, shape):
+def compute_moe_parameter_counts(model: "torch.nn.Module", mpu: ModuleType,
+                                 shape: ModelShape) -> ParameterCounts:
     """compute_parameter_counts for a model with MoE layers: the same ParameterCounts plus the
     active expert parameters (per MoE layer, its experts' total / E x top-k, measured)."""
     import torch
@@ -261,7 +274,7 @@ COUNT_CACHE = ("parameter_counts", "parameter_components", "parameter_stages", "
                "parameters_active_in_billions_no_embedding", "flops_per_sample")
 
 
-def cache_parameter_counts(args, counts: ParameterCounts):
+def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespace:
     """The names users and scripts read: args.parameters, args.parameters_no_embedding, the
     *_in_billions floats, and the FLOPs per sample that follow from the same shape. Once, after
     the model is built."""
@@ -282,7 +295,7 @@ def cache_parameter_counts(args, counts: ParameterCounts):
     return args
 
 
-def check_parameter_counts(measured, shape):
+def check_parameter_counts(measured: ParameterCounts, shape: ModelShape) -> None:
     """Stops the run (ConfigError, one line) when the built model's counts differ from the
     parameter table's in any component or stage: the FLOPs, memory and export that follow from
     the table would describe another model than the one being trained."""
@@ -293,7 +306,7 @@ def check_parameter_counts(measured, shape):
                           f"{'; '.join(problems)} ({shape_flags(shape)})")
 
 
-def parameter_count_mismatches(measured, shape):
+def parameter_count_mismatches(measured: ParameterCounts, shape: ModelShape) -> list[str]:
     """Measured vs analytic, as human-readable lines (empty when they agree)."""
     expected = analytic_parameter_counts(shape)
     problems = [f"{name}: counted {measured.components[name]:,}, formula {expected.components[name]:,}"
@@ -308,8 +321,9 @@ def parameter_count_mismatches(measured, shape):
     return problems
 
 
-def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_activations=False,
-                            checkpoint_method=None, checkpoint_num_layers=1):
+def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_parallel_size: int | None = None,
+                            checkpoint_activations: bool = False, checkpoint_method: str | None = None,
+                            checkpoint_num_layers: int = 1) -> list[str]:
     """The startup report, the same from the trainer (measured) and tools/param_count.py
     (analytic). The first two lines keep Megatron-DeepSpeed's wording (scripts grep them)."""
     tp, pp = shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size
@@ -337,7 +351,7 @@ def format_parameter_report(counts, shape, data_parallel_size=None, checkpoint_a
     return lines
 
 
-def pipeline_split_lines(shape):
+def pipeline_split_lines(shape: ModelShape) -> list[str]:
     """Each stage's layers and share of the model FLOPs (forward + backward, no recompute), so the
     imbalance of any split shows; the memory table gives each stage's predicted bytes."""
     if shape.pipeline_model_parallel_size == 1:
@@ -353,7 +367,7 @@ def pipeline_split_lines(shape):
     return lines
 
 
-def moe_report_lines(counts, shape):
+def moe_report_lines(counts: ParameterCounts, shape: ModelShape) -> list[str]:
     """The active count (what a token passes through) and each EP rank's share of the experts."""
     if not shape.is_moe:
         return []

@@ -253,7 +253,7 @@ ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build), ("LlamaForCaus
                  ("GPTNeoXForCausalLM", _neox_matches, _neox_build), ("BloomForCausalLM", _bloom_matches, _bloom_build)]
 
 
-def to_hf(checkpoint, weights):
+def to_hf(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     for _, matches, build in ARCHITECTURES:
         if matches(checkpoint):
             return build(checkpoint, weights)
@@ -278,7 +278,7 @@ def _external_tokenizer(checkpoint, args):
     return kind, path
 
 
-def write_external_tokenizer(kind, path, output):
+def write_external_tokenizer(kind: str, path: str, output: str) -> int | None:
     """The run's tokenizer next to the model; returns its end-of-document id. A Hugging Face
     tokenizer is saved as transformers loads it; a SentencePiece model is copied as tokenizer.model."""
     if kind == "GPTSentencePieceTokenizer":
@@ -313,7 +313,7 @@ def _tokenizer_files(checkpoint, args):
     return files
 
 
-def write_tokenizer(vocab_file, merge_file, output, model_max_length):
+def write_tokenizer(vocab_file: str, merge_file: str, output: str, model_max_length: int) -> int | None:
     """GPT-2 byte-level BPE from vocab.json + merges.txt, as transformers 5 builds it; the plain
     files go along for older readers."""
     import shutil
@@ -332,7 +332,7 @@ def write_tokenizer(vocab_file, merge_file, output, model_max_length):
 
 # --- main -------------------------------------------------------------------------------------
 
-def convert(args):
+def convert(args: argparse.Namespace) -> int:
     from megatron.checkpoint_reshard import Checkpoint
     from megatron.model.analytic import analytic_parameter_counts
 
@@ -377,7 +377,7 @@ def convert(args):
     return count
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--load", required=True, help="checkpoint directory (as passed to pretrain_gpt.py --save)")
     parser.add_argument("--output", required=True, help="transformers model directory to write")

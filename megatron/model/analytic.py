@@ -140,7 +140,7 @@ def _expert_specs(shape, layer, prefix, component):
                           split=spec.split if tp else "replicated") for spec in _dense_mlp_specs(shape)]
 
 
-def moe_layer_specs(shape, layer, dense_specs):
+def moe_layer_specs(shape: Any, layer: int, dense_specs: list[ParamSpec]) -> list[ParamSpec]:
     """The layer's specs with its MLP replaced by an MoE when `layer` is an MoE layer."""
     num_experts = shape.experts_per_layer()[layer - 1]
     if num_experts == 1:
@@ -157,17 +157,17 @@ def moe_layer_specs(shape, layer, dense_specs):
     return specs
 
 
-def expert_parameters(shape):
+def expert_parameters(shape: Any) -> int:
     """Parameters of one expert (every expert has the dense MLP's shape)."""
     return sum(prod(spec.shape) for spec in _dense_mlp_specs(shape))
 
 
-def expert_index(spec):
+def expert_index(spec: ParamSpec) -> int:
     """Global expert index of an `experts` spec."""
     return int(spec.key[len(EXPERT_PREFIX):].split(".")[0])
 
 
-def held_by_expert_parallel_rank(shape, spec, ep_rank):
+def held_by_expert_parallel_rank(shape: Any, spec: ParamSpec, ep_rank: int) -> bool:
     """Whether EP rank `ep_rank` holds `spec` (every non-expert parameter, and its own experts)."""
     if spec.component != "experts":
         return True
@@ -175,19 +175,19 @@ def held_by_expert_parallel_rank(shape, spec, ep_rank):
     return expert_index(spec) // per_rank == ep_rank
 
 
-def active_expert_parameters(shape):
+def active_expert_parameters(shape: Any) -> int:
     """Expert parameters one token passes through: top-k experts in every MoE layer."""
     return sum(shape.topk * expert_parameters(shape) for e in shape.experts_per_layer() if e > 1)
 
 
-def experts_per_expert_parallel_rank(shape):
+def experts_per_expert_parallel_rank(shape: Any) -> tuple[int, int]:
     """(experts, expert parameters) that each EP rank holds, all MoE layers together (over its TP
     ranks together when the experts are TP-split)."""
     experts = sum(e // shape.moe_expert_parallel_size for e in shape.experts_per_layer() if e > 1)
     return experts, experts * expert_parameters(shape)
 
 
-def mlp_forward_flops(shape):
+def mlp_forward_flops(shape: Any) -> list[int]:
     """Forward FLOPs of each layer's MLP slot per sample: the dense MLP (2s x its weight matrices,
     4shf) or, in an MoE layer, the top-k experts' MLPs, the router 2shE and with PR-MoE the dense
     MLP and its coefficient 2sh2. Dispatch / combine are excluded: they move tokens (and an
@@ -198,7 +198,7 @@ def mlp_forward_flops(shape):
     return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else mlp for e in shape.experts_per_layer()]
 
 
-def parameter_table(shape):
+def parameter_table(shape: Any) -> list[ParamSpec]:
     """Every parameter of the model once (a tied output layer is the word embedding)."""
     specs = _embedding_specs(shape, 0)
     for i in range(shape.num_layers):
@@ -253,7 +253,7 @@ def fused_parts(spec: ParamSpec, shape: Any, full: Any) -> dict[str, Any]:
     return {"": full}
 
 
-def stage_of_layer(shape, layer):
+def stage_of_layer(shape: Any, layer: int) -> int:
     """Pipeline stage holding GPTModelPipe layer `layer` under the shape's split
     (megatron/model/partition.py; the embedding is always on the first stage, the output layer on
     the last)."""
@@ -261,7 +261,7 @@ def stage_of_layer(shape, layer):
     return stage_of_item_layer(shape)[layer]
 
 
-def stage_parameters(shape, stage):
+def stage_parameters(shape: Any, stage: int) -> list[tuple[ParamSpec, bool]]:
     """[(spec, owned)] that each TP rank of `stage` holds (of an MoE model: at EP rank 0). With
     PP > 1 and a tied output layer the last stage holds a copy of the embedding module
     (DeepSpeed's TiedLayerSpec); the first stage owns it. An untied output layer is the last
@@ -288,25 +288,25 @@ class ParameterCounts:
     experts_active: int = 0
 
     @property
-    def total(self):
+    def total(self) -> int:
         return sum(self.components.values())
 
     @property
-    def no_embedding(self):
+    def no_embedding(self) -> int:
         return self.total - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
 
     @property
-    def active(self):
+    def active(self) -> int:
         """Parameters per token: everything but the experts, plus the top-k experts of each MoE
         layer (routers and PR-MoE's dense MLP included). Equals `total` for a dense model."""
         return self.total - self.components["experts"] + self.experts_active
 
     @property
-    def active_no_embedding(self):
+    def active_no_embedding(self) -> int:
         return self.active - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
 
 
-def analytic_parameter_counts(shape):
+def analytic_parameter_counts(shape: Any) -> ParameterCounts:
     components = dict.fromkeys(COMPONENTS, 0)
     for spec in parameter_table(shape):
         components[spec.component] += prod(spec.shape)
@@ -322,7 +322,7 @@ def analytic_parameter_counts(shape):
 
 # --- FLOPs -----------------------------------------------------------------------------------
 
-def recomputed_layers(shape, method, num_layers):
+def recomputed_layers(shape: Any, method: str | None, num_layers: int) -> list[int]:
     """0-based indices of the transformer layers that activation checkpointing runs forward a second
     time in backward. uniform (chunks of `num_layers`): every layer, each chunk once; block: the
     first `num_layers` layers of each pipeline stage (Megatron's `--activations-checkpoint-method`)."""
@@ -337,7 +337,8 @@ def recomputed_layers(shape, method, num_layers):
     return layers
 
 
-def flops_per_sample(shape, checkpoint_activations, method=None, num_layers=1):
+def flops_per_sample(shape: Any, checkpoint_activations: bool, method: str | None = None,
+                     num_layers: int = 1) -> int:
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
     generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
     layer, forward: QKV 2sh(ad + 2gd), attention scores and context 2 x 2s^2 ad, output
@@ -354,7 +355,7 @@ def flops_per_sample(shape, checkpoint_activations, method=None, num_layers=1):
     return 3 * sum(per_layer) + recompute + 3 * logits_forward_flops(shape)
 
 
-def layer_forward_flops(shape):
+def layer_forward_flops(shape: Any) -> list[int]:
     """Forward FLOPs per sample of each transformer layer (see flops_per_sample)."""
     s, h = shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
@@ -364,12 +365,12 @@ def layer_forward_flops(shape):
     return [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape)]
 
 
-def logits_forward_flops(shape):
+def logits_forward_flops(shape: Any) -> int:
     """The output layer's 2shV per sample (tied or not)."""
     return 2 * shape.seq_length * shape.hidden_size * shape.padded_vocab_size
 
 
-def gigaflos_no_embeds(samples, seq_length, parameters_no_embedding):
+def gigaflos_no_embeds(samples: int, seq_length: int, parameters_no_embedding: int) -> float:
     """Kaplan et al.'s compute C = 6 N D, N without embeddings, D tokens; in 1e9 units. For MoE,
     N is the active count (parameters a token passes through), as the trainer passes it."""
     return 6 * samples * seq_length * parameters_no_embedding / 1e9

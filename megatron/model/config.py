@@ -2,6 +2,8 @@
 its defaults and rules) plus the numerics that do not change its size. Passed explicitly to
 every layer (layers never read args)."""
 import math
+from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +29,7 @@ class GPTConfig:
     moe: MoEOptions = MoEOptions()  # capacity, loss coefficient, ... of the MoE layers (if any)
 
     @classmethod
-    def from_args(cls, args):
+    def from_args(cls, args: Namespace) -> "GPTConfig":
         return cls(shape=args.model_shape, hidden_dropout=args.hidden_dropout,
                    attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
@@ -36,11 +38,11 @@ class GPTConfig:
                    checkpoint_method=args.activations_checkpoint_method or "uniform",
                    attention_impl=args.attention_impl, rope_theta=args.rope_theta, moe=MoEOptions.from_args(args))
 
-    def init_method(self):
+    def init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
         std = self.init_method_std
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
 
-    def output_init_method(self):
+    def output_init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """Projections that write into the residual stream: std / sqrt(2 * layers) (GPT-2)."""
         std = self.init_method_std / math.sqrt(2.0 * self.shape.num_layers)
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)

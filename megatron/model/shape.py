@@ -3,6 +3,7 @@ padded vocab), of its architecture variant, and of the rules that make a shape b
 TP x PP layout. Torch-free: the trainer's
 arguments, the model, the parameter count, the FLOPs formula and tools/param_count.py all read
 a ModelShape, so no default or divisibility rule is written twice."""
+from argparse import Namespace
 from dataclasses import dataclass
 
 
@@ -37,7 +38,7 @@ def pad_vocab_size(orig_vocab_size: int, make_vocab_size_divisible_by: int, tens
     return ((orig_vocab_size + multiple - 1) // multiple) * multiple
 
 
-def moe_fields_from_args(args) -> dict:
+def moe_fields_from_args(args: Namespace) -> dict:
     """The MoE flags (megatron/arguments.py: _add_moe_args); absent ones keep the dense defaults."""
     names = ("num_experts", "expert_interval", "topk", "moe_expert_parallel_size", "mlp_type",
              "enable_expert_tensor_parallelism")
@@ -218,7 +219,7 @@ class ModelShape:
         return any(e > 1 for e in self.experts_per_layer())
 
     @classmethod
-    def from_args(cls, args, vocab_size: int | None = None) -> "ModelShape":
+    def from_args(cls, args: Namespace, vocab_size: int | None = None) -> "ModelShape":
         """Megatron flags (both forks' spellings, see arguments.py) -> a shape."""
         return cls(num_layers=args.num_layers, hidden_size=args.hidden_size,
                    num_attention_heads=args.num_attention_heads, seq_length=args.seq_length,
