@@ -29,7 +29,7 @@ setup(
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
         # ruff: the lint CI runs before the tests (ruff.toml); transformers, safetensors: the HF export;
         # matplotlib, scipy: tools/compare_runs.py; sentencepiece: the SentencePiece tokenizer tests
-        "test": ["pytest", "tokenizers", "ruff", "transformers>=5", "safetensors", "matplotlib", "scipy",
+        "test": ["pytest", "tokenizers", "ruff==0.17.6", "transformers>=5", "safetensors", "matplotlib", "scipy",
                  "sentencepiece"],
     },
 )
