@@ -16,7 +16,6 @@ NO_EFFECT = {
     "--no-save-optim": "DeepSpeed's save_checkpoint always writes the optimizer state",
     "--tensorboard-log-interval": "TensorBoard is written every --log-interval",
     "--data-impl": "only the mmap format exists",
-    "--pp-partition-method": "stages are balanced by transformer layers",
     "--codecarbon-dir": "the fork's own CodeCarbon tracker is a no-op",
     "--no-async-tensor-model-parallel-allreduce": "an overlap of communication and compute",
     "--use-flash-attn": "attention is exact either way",

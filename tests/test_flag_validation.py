@@ -235,3 +235,5 @@ def test_readme_flag_table_lists_every_flag():
     flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")}
     missing = {f for f in flags - deepspeed_own - {"--help"} if not re.search(re.escape(f) + r"(?![-\w])", table)}
     assert missing == set()
+    # a merge that left both sides of a conflict would list flags twice, under markers
+    assert re.findall(r"^(?:<{7}|={7}|>{7})(?: .*)?$", readme, re.M) == []

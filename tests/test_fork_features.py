@@ -208,3 +208,34 @@ def test_params_norm_and_zeros_in_grad_are_the_models(tmp_path):
         for suffix, step in (("", 1), (" vs samples", 2), (" vs tokens", 64)):
             [event] = events.Scalars(tag + suffix)
             assert event.step == step and event.value == pytest.approx(value, rel=1e-6)  # stored as float32
+
+
+# where a flag of NO_EFFECT may be read: its validation (a refused value) and the data path's format check
+READ_ONLY_TO_VALIDATE = {"data_impl": {"pretrain_gpt.py", "megatron/data/gpt_dataset.py",
+                                       "megatron/data/weighted_split_paths.py", "megatron/data/indexed_dataset.py"},
+                         "dataloader_type": {"megatron/fork_features.py"},
+                         "data_sharding": {"megatron/fork_features.py"},
+                         "transformer_impl": {"megatron/fork_features.py"},
+                         "recompute_activations": {"megatron/fork_features.py"},
+                         "recompute_granularity": {"megatron/fork_features.py"}}
+
+
+def test_no_flag_listed_as_no_effect_is_read_by_the_trainer():
+    """A flag the startup line calls 'accepted, no effect' must not steer anything: its dest is read nowhere
+    but in argument parsing and the validation that refuses other values (a merge once left
+    --pp-partition-method, which picks the pipeline split, in the list)."""
+    import re
+    from pathlib import Path
+
+    from megatron.arguments import build_parser
+    from megatron.script_flags import NO_EFFECT
+    root = Path(__file__).resolve().parents[1]
+    files = [*root.glob("megatron/**/*.py"), root / "pretrain_gpt.py"]
+    sources = {str(p.relative_to(root)): p.read_text() for p in files
+               if p.name not in ("arguments.py", "script_flags.py")}
+    actions = build_parser()._option_string_actions
+    readers = {flag: sorted(path for path, text in sources.items()
+                            if re.search(rf"\b{actions[flag].dest}\b", text)
+                            and path not in READ_ONLY_TO_VALIDATE.get(actions[flag].dest, ()))
+               for flag in NO_EFFECT}
+    assert {flag: paths for flag, paths in readers.items() if paths} == {}
