@@ -116,7 +116,7 @@ class PlainTrainer:
     weight-decay groups."""
 
     def __init__(self, layers, hidden, heads, seq, micro_batch, vocab, clip_grad=1.0):
-        from megatron.utils import pad_vocab_size
+        from megatron.model.shape import pad_vocab_size
         padded = pad_vocab_size(vocab, 128, 1)
         torch.manual_seed(1234)
         self.model = PlainGPT(layers, hidden, heads, seq, padded).train()
