@@ -13,7 +13,7 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1",
-        "deepspeed>=0.14",
+        "deepspeed>=0.17.1",  # MoE checkpoints use checkpoint_engine.is_data_parallel_writer (0.17.1+)
         "numpy",
         "tensorboard",
         "regex",

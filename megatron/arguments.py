@@ -648,6 +648,11 @@ def _apply_deepspeed_config(args):
     _require(not (args.model_shape.is_moe and args.zero_stage > 0 and not args.create_moe_param_group),
              f"ZeRO stage {args.zero_stage} with MoE needs --create-moe-param-group (the experts' own optimizer "
              f"parameter groups)")
+    # the pipeline engine wraps a bf16 model in DeepSpeed's BF16_Optimizer, which asserts the same
+    _require(not (args.model_shape.is_moe and args.bf16 and not args.no_pipeline_parallel
+                  and not args.create_moe_param_group),
+             "--bf16 with MoE on the pipeline engine needs --create-moe-param-group (DeepSpeed's BF16_Optimizer "
+             "keeps the experts in their own optimizer parameter groups)")
     _require(not (args.zero_stage > 1 and not args.no_pipeline_parallel),
              f"ZeRO stage {args.zero_stage} does not work with DeepSpeed's pipeline engine: use "
              f"--zero-stage 0 or 1, or --no-pipeline-parallel")

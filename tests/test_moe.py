@@ -242,6 +242,8 @@ def _validated(extra, world_size):
     (["--tensor-model-parallel-size", 2, "--moe-train-capacity-factor", 1.03], 2,
      "--moe-train-capacity-factor 1.03: expert capacity 17 .* not divisible by --tensor-model-parallel-size 2"),
     (["--no-pipeline-parallel", "--zero-stage", 1], 1, "ZeRO stage 1 with MoE needs --create-moe-param-group"),
+    # DeepSpeed's BF16_Optimizer (pipeline engine, ZeRO 0) asserts on a model without MoE groups
+    (["--bf16"], 1, "--bf16 with MoE on the pipeline engine needs --create-moe-param-group"),
 ])
 def test_bad_moe_flags_fail_early(extra, world_size, message):
     with pytest.raises(ConfigError, match=message):
