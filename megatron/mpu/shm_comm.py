@@ -26,6 +26,8 @@ import os
 import secrets
 import select
 import socket
+import struct
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,6 +36,8 @@ PREFIX = "megatron-tp-"
 SLOT_BYTES = 4 * 2 ** 20  # per rank and buffer; larger tensors go through in chunks
 _FLAG_STRIDE = 64         # one cache line per rank's sequence number
 _TIMEOUT_S = 1800.0       # a peer that never arrives (it died): fail instead of hanging forever
+_SPIN_S = 1e-3            # how long a rank polls before it sleeps, when every local rank has a core
+_FLAG = struct.Struct("q")
 _SUPPORTED = (dist.ReduceOp.SUM, dist.ReduceOp.MAX)
 
 
@@ -75,22 +79,37 @@ class SharedMemoryGroup:
             if self.rank == 0:
                 for path in names[0]:
                     _unlink(path)
-        memory = torch.frombuffer(self._mmap, dtype=torch.uint8)
-        self._flags = memory[:flags].view(torch.int64)[::_FLAG_STRIDE // 8]
-        self._data = memory[flags:]
+        self._data = torch.frombuffer(self._mmap, dtype=torch.uint8)[flags:]
+        self._peers = [r for r in range(self.size) if r != self.rank]
+        self._slots: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+        # polling a peer's flag while the peer waits for a core would slow the peer down: with more
+        # threads on this host than cores a rank sleeps at once (the launchers name the local ranks:
+        # torchrun LOCAL_WORLD_SIZE, DeepSpeed LOCAL_SIZE; else the whole world counts as local)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or dist.get_world_size())
+        busy = local_ranks * torch.get_num_threads()
+        self._spin_s = _SPIN_S if busy <= len(os.sched_getaffinity(0)) else 0.0
 
     def _slot(self, buffer: int, rank: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        start = (buffer * self.size + rank) * self.slot_bytes
-        return self._data[start:start + numel * dtype.itemsize].view(dtype)
+        key = (buffer, rank, dtype)
+        if key not in self._slots:
+            start = (buffer * self.size + rank) * self.slot_bytes
+            self._slots[key] = self._data[start:start + self.slot_bytes].view(dtype)
+        return self._slots[key][:numel]
+
+    def _flag(self, rank: int) -> int:
+        return _FLAG.unpack_from(self._mmap, rank * _FLAG_STRIDE)[0]
 
     def _wait(self, seq: int) -> None:
-        """Until every rank has published `seq`: poll briefly (TP peers run in lockstep), then sleep
-        in a read of this rank's FIFO, which a peer writes after publishing. A ready flag may
-        leave a wake-up unread; a later read returns at once and the loop checks the flags again."""
-        polls = 0
-        while not bool((self._flags >= seq).all()):
-            polls += 1
-            if polls < 32:
+        """Until every rank has published `seq`: poll (TP peers run in lockstep) for up to the spin
+        time, then sleep in a read of this rank's FIFO, which a peer writes after publishing. A
+        ready flag may leave a wake-up unread; a later read returns at once and the loop checks
+        the flags again."""
+        spin_until = None
+        while any(self._flag(r) < seq for r in self._peers):
+            now = time.perf_counter()
+            if spin_until is None:
+                spin_until = now + self._spin_s
+            if now < spin_until:
                 continue
             ready, _, _ = select.select([self._wake[self.rank]], [], [], _TIMEOUT_S)
             if not ready:
@@ -100,7 +119,7 @@ class SharedMemoryGroup:
             os.read(self._wake[self.rank], 4096)
 
     def _publish(self, seq: int) -> None:
-        self._flags[self.rank] = seq  # after the data (x86 keeps stores in order)
+        _FLAG.pack_into(self._mmap, self.rank * _FLAG_STRIDE, seq)  # after the data (x86 keeps stores in order)
         for rank, fd in enumerate(self._wake):
             if rank != self.rank:
                 try:
