@@ -158,13 +158,24 @@ def entry_point(monkeypatch, capsys):
     for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         monkeypatch.setenv(name, value)
     builds = []
+    refusing = []  # non-empty while run() waits for a refusal: a build then is the failure, at once
     provider = pretrain_gpt.model_provider
-    monkeypatch.setattr(pretrain_gpt, "model_provider", lambda args: builds.append(args) or provider(args))
+
+    def model_provider(args):
+        builds.append(args)
+        if refusing:
+            raise AssertionError("the model was built before the error (a rule is missing)")
+        return provider(args)
+    monkeypatch.setattr(pretrain_gpt, "model_provider", model_provider)
 
     def run(args_list, world_size=1):
         monkeypatch.setenv("WORLD_SIZE", str(world_size))
-        with pytest.raises(SystemExit) as exit_info:
-            pretrain_gpt.main(args_list)
+        refusing.append(True)
+        try:
+            with pytest.raises(SystemExit) as exit_info:
+                pretrain_gpt.main(args_list)
+        finally:
+            refusing.clear()
         out, err = capsys.readouterr()
         assert "Traceback" not in out + err
         return exit_info.value.code, err.splitlines(), builds
