@@ -12,6 +12,15 @@ median of each round's ratio to that round's TP=1 PP=1 run.
 --before adds, for each parallel layout, a run with the earlier defaults: DeepSpeed's
 type:transformer split and the TP all-reduces through gloo (--no-shm-tp-all-reduce).
 
+With --cores 1 every rank of every layout runs one thread.
+Otherwise a reference row runs TP=1 PP=1 with one thread: its ratio to the whole-machine TP=1 PP=1
+run is how well one rank uses the other cores by itself (intra-op threads), which bounds what a
+layout with one thread per rank can gain: "bound" = ranks x (one-thread rate / TP=1 PP=1 rate) x
+m / (m + PP - 1), with m micro-batches per iteration; the last factor is the idle time DeepSpeed's
+1F1B schedule gives each stage (one micro-batch of the other stages); with more ranks than cores,
+cores x (one-thread rate / TP=1 PP=1 rate). The bound assumes free communication and perfectly
+balanced stages.
+
 Usage: python benchmarks/bench_layouts.py [--iters 10] [--reps 3] [--before] [model flags]
 """
 import argparse
@@ -28,6 +37,7 @@ from megatron.launch import logged_iterations, run_deepspeed
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 BEFORE = ["--pp-partition-method", "type:transformer", "--no-shm-tp-all-reduce"]
+ONE_THREAD = "one thread"  # the reference run's tag
 FLOPS_LINE = re.compile(r"FLOPs per sample \(model, fwd\+bwd\): ([0-9,]+)")  # the startup report
 STAGE_TIME = re.compile(r"STAGE_TIME stage=(\d+) tp=(\d+) iteration=(\d+) busy=([0-9.]+) waiting=([0-9.]+)")
 SPLIT_ROW = re.compile(r"^\s+(\d+) \| (.+?)\s+\| ([0-9.]+%)$", re.M)  # the startup report's split table
@@ -54,11 +64,15 @@ def flags_for(a: argparse.Namespace, tp: int, pp: int, data: str, extra: Sequenc
         "--tensor-model-parallel-size", tp, "--pipeline-model-parallel-size", pp, *extra]]
 
 
-def launch(tp: int, pp: int, extra: Sequence[str], a: argparse.Namespace,
-           data: str) -> tuple[float, float, dict[int, tuple[float, float]], str]:
+def threads_per_rank(a: argparse.Namespace, tp: int, pp: int, tag: str) -> int:
+    return 1 if tag == ONE_THREAD else max(1, a.cores // (tp * pp))
+
+
+def launch(tp: int, pp: int, extra: Sequence[str], a: argparse.Namespace, data: str,
+           threads: int) -> tuple[float, float, dict[int, tuple[float, float]], str]:
     ranks = tp * pp
     proc = run_deepspeed(ranks, "benchmarks/pretrain_stage_timed.py", flags_for(a, tp, pp, data, extra),
-                         threads_per_rank=max(1, a.cores // ranks))
+                         threads_per_rank=threads)
     kept = [(f["samples per second"], f["TFLOPs"]) for i, f in logged_iterations(proc.stdout).items() if i > a.skip]
     flops = FLOPS_LINE.search(proc.stdout)
     if proc.returncode != 0 or not kept or not flops:
@@ -89,6 +103,14 @@ def _split(output: str) -> str:
     return "; ".join(f"{holds}" for _, holds, _ in SPLIT_ROW.findall(output)) or "-"
 
 
+def layout_bound(ranks: int, pp: int, micro_batches: int, one_thread: float) -> float:
+    """The most a layout of one-thread ranks can reach relative to TP=1 PP=1 (see the docstring)."""
+    cores = os.cpu_count() or 1
+    if ranks > cores:  # the ranks share the cores; one rank's pipeline bubble is another's time
+        return cores * one_thread
+    return ranks * one_thread * micro_batches / (micro_batches + pp - 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_model_args(parser, layers=4, hidden=128, heads=4, seq=256, micro_batch=2, vocab=8192)
@@ -101,33 +123,46 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where the preprocessed corpus goes (default: $TMPDIR)")
     a = parser.parse_args()
     data = corpus(a.workdir)
-    runs = [(tp, pp, "") for tp, pp in LAYOUTS]
+    # the one-thread reference, unless TP=1 PP=1 itself runs on one thread (--cores 1)
+    runs = [(1, 1, ONE_THREAD)] * (a.cores > 1) + [(tp, pp, "") for tp, pp in LAYOUTS]
     if a.before:
         runs += [(tp, pp, "before") for tp, pp in LAYOUTS if (tp, pp) != (1, 1)]
 
     def measure_round():
-        return {run: launch(run[0], run[1], BEFORE if run[2] else [], a, data) for run in runs}
+        return {(tp, pp, tag): launch(tp, pp, BEFORE if tag == "before" else [], a, data,
+                                      threads_per_rank(a, tp, pp, tag)) for tp, pp, tag in runs}
 
     # the machine is shared: every round is kept (retries=0) and the foreign load is reported
     rounds = common.Rounds(max_load=common.spare_cores(a.cores), retries=0, quiet_timeout=5)
     results = rounds.run(a.reps, measure_round)
     base = results[(1, 1, "")]
+    # how much faster one rank runs on all cores than on one: the bound of one-thread-per-rank layouts
+    one_thread = common.median([r[0] / b[0] for r, b in zip(results.get((1, 1, ONE_THREAD), base), base,
+                                                             strict=True)])
+    micro_batches = a.global_batch // a.micro_batch  # DP = 1 in every layout here
     rows = []
     for (tp, pp, tag), per_round in results.items():
         samples = common.median([r[0] for r in per_round])
         ratio = common.median([r[0] / b[0] for r, b in zip(per_round, base, strict=True)])
+        threads = threads_per_rank(a, tp, pp, tag)
+        bound = (f"{layout_bound(tp * pp, pp, micro_batches, one_thread):.2f}"
+                 if threads == 1 and tag != ONE_THREAD else "-")
         stages = per_round[0][2]
         busy_wait = ", ".join(
             f"{s}: {1e3 * common.median([r[2][s][0] for r in per_round]):.0f} / "
             f"{1e3 * common.median([r[2][s][1] for r in per_round]):.0f}" for s in sorted(stages)) if pp > 1 else "-"
-        label = f"TP={tp} PP={pp}" + (" (before: type:transformer, gloo TP)" if tag else "")
-        rows.append((label, tp * pp, max(1, a.cores // (tp * pp)), f"{samples * a.seq:,.0f}", f"{ratio:.2f}",
+        label = f"TP={tp} PP={pp}" + {"": "", "before": " (before: type:transformer, gloo TP)",
+                                        ONE_THREAD: " (reference: one thread)"}[tag]
+        rows.append((label, tp * pp, threads, f"{samples * a.seq:,.0f}", f"{ratio:.2f}", bound,
                      f"{common.median([r[1] for r in per_round]):.1f}", per_round[0][3] if pp > 1 else "-",
                      busy_wait))
     print(f"model {common.model_label(a)} on the bundled corpus, fp32, gloo, global batch {a.global_batch}, "
           f"{a.iters} iterations per run (first {a.skip} dropped), median of {a.reps} interleaved round(s)")
-    print(common.table(["layout", "ranks", "threads / rank", "tokens / s", "vs TP=1 PP=1", "GFLOP/s / rank",
+    print(common.table(["layout", "ranks", "threads / rank", "tokens / s", "vs TP=1 PP=1", "bound", "GFLOP/s / rank",
                         "stages (split)", "per stage: busy / waiting ms per iteration"], rows))
+    print(f"bound: ranks x one-thread rate x m / (m + PP - 1), m = {micro_batches} micro-batches (more ranks than "
+          f"the {os.cpu_count()} cores: cores x one-thread rate; see the docstring)"
+          + (f"; one rank ran {1 / one_thread:.2f}x as fast on {a.cores} threads as on one" if a.cores > 1 else ""))
     print(rounds.note())
 
 
