@@ -276,3 +276,27 @@ def test_param_count_tool_prints_total_active_and_per_ep_rank():
     assert f"active parameters: {active:,}\n" in out
     assert f"active parameters without embeddings: {active - embeddings:,}\n" in out
     assert f"experts per EP rank (EP=8): {12 * 16} experts, {12 * 16 * expert:,} expert parameters" in out
+
+
+def _untied_output_weights():
+    """The untied output layer of an MoE model as GPTModel and as GPTModelPipe (PP=1) build it."""
+    from megatron import mpu
+    from megatron.model.gpt_model import GPTModel, GPTModelPipe
+    from megatron.model.language_model import OutputLayer
+    from megatron.model.moe import attach_expert_groups, create_expert_groups
+    config = tiny_config(**dict(SHAPE, num_experts=(2,), untie_embeddings_and_output_weights=True))
+    create_expert_groups(config.shape)
+    plain = GPTModel(config, seed=SEED)
+    attach_expert_groups(plain)
+    pipe = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
+    [output] = [f for f in pipe.forward_funcs if isinstance(f, OutputLayer)]
+    return plain.language_model.output_layer.weight.detach().clone(), output.weight.detach().clone()
+
+
+def test_moe_untied_output_layer_starts_the_same_on_both_engines():
+    """--no-pipeline-parallel and the pipeline engine start from the same output weights: an MoE
+    pipe builds the output layer one index later (after `take`), and GPTModel seeds it there too."""
+    import torch
+    [(plain, pipe)] = run_distributed(1, _untied_output_weights)
+    assert torch.equal(plain, pipe)
+

@@ -2,8 +2,9 @@
 PipelineModule (GPTModelPipe, for --deepspeed at any PP, 1 included).
 
 Both build layer i after seeding the RNG with `seed + i` (DeepSpeed's `seed_layers`), with the
-same layer order (0: embedding, 1..L: transformer layers, L+1: final norm, L+2: output layer),
-so every TP x PP layout and both wrappers start from the same full weights. The output layer is
+same layer order (0: embedding, 1..L: transformer layers, L+1: final norm, L+2: output layer;
+an MoE pipe has `take` at L+1, which moves the last two up by one), so every TP x PP layout and
+both wrappers start from the same full weights. The output layer is
 the word embedding (tied, GPT-2) or, with --untie-embeddings-and-output-weights, its own weight.
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ class TransformerLanguageModel(nn.Module):
         self.encoder = ParallelTransformer(config, layer_seed_fn=lambda i: set_random_seed(seed + 1 + i))
         self.output_layer = None
         if not config.shape.tied:
-            set_random_seed(seed + config.shape.num_layers + 2)  # GPTModelPipe's layer L+2
+            # GPTModelPipe's index of the output layer: L+2, or L+3 after an MoE pipe's `take` at L+1
+            set_random_seed(seed + config.shape.num_layers + 2 + int(config.shape.is_moe))
             self.output_layer = OutputLayer(config)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
