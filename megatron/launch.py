@@ -1,12 +1,13 @@
-"""Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo) through DeepSpeed's own
-launcher, and read the Megatron log lines it prints. Shared by the tests and the benchmarks."""
-import base64
-import json
+"""Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo), the ranks set up as
+DeepSpeed's launcher sets them up, and read the Megatron log lines they print. Shared by the tests
+and the benchmarks."""
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterable, Mapping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,23 +22,78 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launcher_env(num_ranks: int, master_port: int) -> dict[str, str]:
+    """What DeepSpeed's per-node launcher (deepspeed.launcher.launch) sets for the ranks of one node
+    on CPU, besides RANK and LOCAL_RANK (tests/test_launch.py compares it with the launcher's)."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "WORLD_SIZE": str(num_ranks),
+            "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": str(num_ranks),
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(num_ranks)))}  # its CPU accelerator sets it too
+
+
 def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Mapping[str, str] | None = None,
                   threads_per_rank: int = 1, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    """The completed process, stdout and stderr together in `.stdout`; runs from the repository root.
+    """The completed process, stdout and stderr of every rank together in `.stdout`; runs from the
+    repository root.
 
-    Runs the command that `deepspeed --num_gpus N` (deepspeed.launcher.runner) execs on a single
-    node: DeepSpeed's per-node launcher, which spawns the ranks and sets their environment. The
-    runner itself only builds that command, in a process of its own that imports torch and
-    DeepSpeed (3-4 s a launch); the README's example scripts, tested in tests/test_examples.py,
-    still go through the `deepspeed` command itself."""
-    env = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads_per_rank),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
-    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--log_level=info",
-           script] + [str(f) for f in flags]
-    return subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+    Starts the ranks as `deepspeed --num_gpus N` does on a single node: `python -u script
+    --local_rank=i flags` with the environment DeepSpeed's per-node launcher gives them
+    (`launcher_env`, RANK, LOCAL_RANK); when a rank fails the others are stopped and its exit code
+    is the launch's, as there. DeepSpeed's runner and launcher are two processes that each import
+    torch and DeepSpeed before any rank starts (~4 s apiece), so they are left out here;
+    tests/test_launch.py checks that the ranks see the same as under DeepSpeed's launcher, and the
+    README's example scripts, tested in tests/test_examples.py, go through the `deepspeed` command."""
+    base = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads_per_rank),
+                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **launcher_env(num_ranks, free_port()))
+    # the launcher's own `import deepspeed` sets it (setdefault) in the environment the ranks inherit
+    base.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    argv = [str(f) for f in flags]
+    with tempfile.TemporaryFile("w+") as out:  # every rank appends to it, as to the launcher's stdout
+        ranks = [subprocess.Popen([sys.executable, "-u", script, f"--local_rank={rank}", *argv], cwd=ROOT,
+                                  env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=out,
+                                  stderr=subprocess.STDOUT)
+                 for rank in range(num_ranks)]
+        returncode = _wait_for_ranks(ranks, timeout, [sys.executable, script, *argv])
+        out.seek(0)
+        return subprocess.CompletedProcess([sys.executable, script, *argv], returncode, out.read())
+
+
+def _wait_for_ranks(ranks: list[subprocess.Popen], timeout: float | None, cmd: list[str]) -> int:
+    """0 when every rank exits 0; else the first failing rank's code, after stopping the others."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        codes = [rank.poll() for rank in ranks]
+        failed = [code for code in codes if code not in (None, 0)]
+        if failed or None not in codes:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            _stop(ranks)
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        time.sleep(0.05)
+    _stop(ranks)
+    return failed[0] if failed else 0
+
+
+def _stop(ranks: list[subprocess.Popen]) -> None:
+    """SIGTERM to every live rank and its children (data loader workers), SIGKILL after 10 s."""
+    import psutil  # a DeepSpeed dependency
+    procs = []
+    for rank in ranks:
+        if rank.poll() is None:
+            try:
+                parent = psutil.Process(rank.pid)
+                procs += [*parent.children(recursive=True), parent]
+            except psutil.NoSuchProcess:
+                pass
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        proc.kill()
+    for rank in ranks:
+        rank.wait()
 
 
 def logged_iterations(output: str) -> dict[int, dict[str, float]]:

@@ -29,9 +29,9 @@ def test_short_runs_at_pp2_and_tp2_exit_0(tmp_path):
     for launch, layout in enumerate([["--pipeline-model-parallel-size", 2], ["--tensor-model-parallel-size", 2]]):
         tb = tmp_path / f"tb{launch}"
         proc = run_deepspeed(2, "pretrain_gpt.py", RUN + layout + ["--tensorboard-dir", tb], timeout=600)
+        # 0 only if both ranks exited 0 (run_deepspeed returns the first failing rank's code)
         assert proc.returncode == 0, f"launch {launch} {layout}: exit {proc.returncode}\n{proc.stdout[-4000:]}"
         assert "terminate called" not in proc.stdout
-        assert proc.stdout.count("exits successfully") == 2  # DeepSpeed's launcher, once per rank
         assert sorted(logged_iterations(proc.stdout)) == list(range(1, ITERS + 1))
         # the TensorBoard writer (on the last rank, 1000 events queued) was flushed before the exit
         assert _last_scalar_steps(tb, "lm-loss-training/lm loss") == list(range(1, ITERS + 1))

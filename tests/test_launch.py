@@ -1,0 +1,53 @@
+"""megatron/launch.py's run_deepspeed starts the ranks itself, without DeepSpeed's launcher process:
+each rank must see exactly what DeepSpeed's per-node launcher (what `deepspeed --num_gpus N` execs)
+gives it, and a failing rank must end the launch with its exit code, as there."""
+import base64
+import json
+import os
+import subprocess
+import sys
+
+from megatron.launch import ROOT, free_port, run_deepspeed
+
+PROBE = os.path.join("tests", "launch_probe.py")
+FLAGS = ["--num-layers", "2", "--seq-length", "32"]
+
+
+def _probes(output):
+    lines = [json.loads(line[len("PROBE "):]) for line in output.splitlines() if line.startswith("PROBE ")]
+    return {probe["rank"]: probe for probe in lines}
+
+
+def _under_deepspeeds_launcher(num_ranks, env):
+    world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
+    port = free_port()
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
+           "--master_addr=127.0.0.1", f"--master_port={port}", PROBE, *FLAGS]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    return _probes(proc.stdout), port
+
+
+def test_ranks_see_what_deepspeeds_launcher_gives_them():
+    ours = _probes(run_deepspeed(2, PROBE, FLAGS, timeout=120).stdout)
+    # DeepSpeed's launcher, started with the environment run_deepspeed hands its ranks
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    theirs, port = _under_deepspeeds_launcher(2, env)
+    assert sorted(ours) == sorted(theirs) == [0, 1]
+    for rank in (0, 1):
+        assert ours[rank]["argv"] == theirs[rank]["argv"] == [f"--local_rank={rank}", *FLAGS]
+        mine, deepspeeds = dict(ours[rank]["env"]), dict(theirs[rank]["env"])
+        assert deepspeeds.pop("MASTER_PORT") == str(port)  # each launch picks a free port
+        assert int(mine.pop("MASTER_PORT")) > 0
+        assert mine == deepspeeds
+        assert (mine["RANK"], mine["LOCAL_RANK"], mine["WORLD_SIZE"], mine["LOCAL_SIZE"]) == (str(rank), str(rank),
+                                                                                                 "2", "2")
+
+
+def test_a_failing_rank_stops_the_others_and_its_code_is_the_launchs():
+    """Rank 1 exits 3 while rank 0 would wait forever: the launch ends (a hang would hit the
+    timeout and raise) with exit code 3."""
+    proc = run_deepspeed(2, PROBE, ["fail"], timeout=120)
+    assert proc.returncode == 3
