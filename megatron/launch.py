@@ -47,30 +47,32 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
     # the launcher's own `import deepspeed` sets it (setdefault) in the environment the ranks inherit
     base.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     argv = [str(f) for f in flags]
+    cmd = [sys.executable, "-u", script, *argv]
     with tempfile.TemporaryFile("w+") as out:  # every rank appends to it, as to the launcher's stdout
-        ranks = [subprocess.Popen([sys.executable, "-u", script, f"--local_rank={rank}", *argv], cwd=ROOT,
+        ranks = [subprocess.Popen([*cmd[:3], f"--local_rank={rank}", *argv], cwd=ROOT,
                                   env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=out,
                                   stderr=subprocess.STDOUT)
                  for rank in range(num_ranks)]
-        returncode = _wait_for_ranks(ranks, timeout, [sys.executable, script, *argv])
+        try:
+            returncode = _wait_for_ranks(ranks, timeout, cmd)
+        finally:  # a failed rank, the timeout or an interrupt: no rank outlives the launch
+            _stop(ranks)
         out.seek(0)
-        return subprocess.CompletedProcess([sys.executable, script, *argv], returncode, out.read())
+        return subprocess.CompletedProcess(cmd, returncode, out.read())
 
 
 def _wait_for_ranks(ranks: list[subprocess.Popen], timeout: float | None, cmd: list[str]) -> int:
-    """0 when every rank exits 0; else the first failing rank's code, after stopping the others."""
+    """0 once every rank has exited 0; else, as soon as a rank has failed, its code (the lowest
+    rank's when several have)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         codes = [rank.poll() for rank in ranks]
         failed = [code for code in codes if code not in (None, 0)]
         if failed or None not in codes:
-            break
+            return failed[0] if failed else 0
         if deadline is not None and time.monotonic() > deadline:
-            _stop(ranks)
             raise subprocess.TimeoutExpired(cmd, timeout)
         time.sleep(0.05)
-    _stop(ranks)
-    return failed[0] if failed else 0
 
 
 def _stop(ranks: list[subprocess.Popen]) -> None:

@@ -1,5 +1,6 @@
 """A rank that reports what its launcher gave it (tests/test_launch.py): one JSON line with its
-argv and environment; with `fail`, rank 1 exits 3 at once and rank 0 waits forever."""
+argv and environment; with `fail PID_FILE`, rank 0 writes its pid and waits forever, and rank 1
+then exits 3."""
 import json
 import os
 import sys
@@ -7,9 +8,15 @@ import time
 
 if __name__ == "__main__":
     rank = int(os.environ["RANK"])
-    if "fail" in sys.argv:
+    if sys.argv[-2] == "fail":  # fail PID_FILE: rank 0 writes its pid there, then rank 1 fails
+        pid_file = sys.argv[-1]
         if rank == 1:
+            while not os.path.exists(pid_file):
+                time.sleep(0.05)
             sys.exit(3)
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
         while True:
             time.sleep(1)
     print("PROBE " + json.dumps({"rank": rank, "argv": sys.argv[1:], "env": dict(os.environ)}), flush=True)

@@ -46,8 +46,11 @@ def test_ranks_see_what_deepspeeds_launcher_gives_them():
                                                                                                  "2", "2")
 
 
-def test_a_failing_rank_stops_the_others_and_its_code_is_the_launchs():
-    """Rank 1 exits 3 while rank 0 would wait forever: the launch ends (a hang would hit the
-    timeout and raise) with exit code 3."""
-    proc = run_deepspeed(2, PROBE, ["fail"], timeout=120)
+def test_a_failing_rank_stops_the_others_and_its_code_is_the_launchs(tmp_path):
+    """Rank 1 exits 3 while rank 0 would wait forever: the launch ends with exit code 3 and rank 0
+    is gone (stopped and reaped) when it returns."""
+    import psutil
+    pid_file = tmp_path / "rank0.pid"
+    proc = run_deepspeed(2, PROBE, ["fail", pid_file], timeout=120)
     assert proc.returncode == 3
+    assert not psutil.pid_exists(int(pid_file.read_text()))
