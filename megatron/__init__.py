@@ -11,15 +11,23 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _print_line(message: str) -> None:
+    """One write per line: print() writes the text and the newline separately, so under `python -u`
+    another rank's line sharing the launcher's stdout could land between them."""
+    import sys
+    sys.stdout.write(f"{message}\n")
+    sys.stdout.flush()
+
+
 def print_rank_0(message: str) -> None:
     if _rank() == 0:
-        print(message, flush=True)
+        _print_line(message)
 
 
 def print_rank_last(message: str) -> None:
     """The last rank sees the loss under pipeline parallelism, so it prints the log line."""
     if _rank() == _world_size() - 1:
-        print(message, flush=True)
+        _print_line(message)
 
 
 from .global_vars import get_args, get_tensorboard_writer, get_timers, get_tokenizer  # noqa: E402,F401

@@ -1,6 +1,7 @@
-"""A rank that reports what its launcher gave it (tests/test_launch.py): one JSON line with its
-argv and environment; with `fail PID_FILE`, rank 0 writes its pid and waits forever, and rank 1
-then exits 3."""
+"""A rank that reports what its launcher gave it (tests/test_launch.py): `launch_probe.py OUT_DIR
+flags...` writes its argv and environment as JSON to OUT_DIR/rank<RANK>.json (a file of its own:
+lines the ranks print to one shared stdout can interleave); with `fail PID_FILE`, rank 0 writes its
+pid and waits forever, and rank 1 then exits 3."""
 import json
 import os
 import sys
@@ -19,4 +20,7 @@ if __name__ == "__main__":
         os.rename(pid_file + ".tmp", pid_file)
         while True:
             time.sleep(1)
-    print("PROBE " + json.dumps({"rank": rank, "argv": sys.argv[1:], "env": dict(os.environ)}), flush=True)
+    out_dir = sys.argv[2]  # after --local_rank=i
+    with open(os.path.join(out_dir, f"rank{rank}.json.tmp"), "w") as f:
+        json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, f)
+    os.rename(os.path.join(out_dir, f"rank{rank}.json.tmp"), os.path.join(out_dir, f"rank{rank}.json"))

@@ -13,31 +13,37 @@ PROBE = os.path.join("tests", "launch_probe.py")
 FLAGS = ["--num-layers", "2", "--seq-length", "32"]
 
 
-def _probes(output):
-    lines = [json.loads(line[len("PROBE "):]) for line in output.splitlines() if line.startswith("PROBE ")]
-    return {probe["rank"]: probe for probe in lines}
+def _probes(out_dir):
+    """{rank: {"argv": ..., "env": ...}} as each rank wrote it to out_dir/rank<RANK>.json."""
+    return {int(name[len("rank"):-len(".json")]): json.loads((out_dir / name).read_text())
+            for name in os.listdir(out_dir) if name.endswith(".json")}
 
 
-def _under_deepspeeds_launcher(num_ranks, env):
+def _under_deepspeeds_launcher(num_ranks, env, out_dir):
     world_info = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(num_ranks))}).encode()).decode()
     port = free_port()
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world_info}",
-           "--master_addr=127.0.0.1", f"--master_port={port}", PROBE, *FLAGS]
+           "--master_addr=127.0.0.1", f"--master_port={port}", PROBE, str(out_dir), *FLAGS]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout
-    return _probes(proc.stdout), port
+    return _probes(out_dir), port
 
 
-def test_ranks_see_what_deepspeeds_launcher_gives_them():
-    ours = _probes(run_deepspeed(2, PROBE, FLAGS, timeout=120).stdout)
+def test_ranks_see_what_deepspeeds_launcher_gives_them(tmp_path):
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    proc = run_deepspeed(2, PROBE, [tmp_path / "ours", *FLAGS], timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    ours = _probes(tmp_path / "ours")
     # DeepSpeed's launcher, started with the environment run_deepspeed hands its ranks
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    theirs, port = _under_deepspeeds_launcher(2, env)
+    theirs, port = _under_deepspeeds_launcher(2, env, tmp_path / "theirs")
     assert sorted(ours) == sorted(theirs) == [0, 1]
     for rank in (0, 1):
-        assert ours[rank]["argv"] == theirs[rank]["argv"] == [f"--local_rank={rank}", *FLAGS]
+        assert ours[rank]["argv"][0] == theirs[rank]["argv"][0] == f"--local_rank={rank}"
+        assert ours[rank]["argv"][2:] == theirs[rank]["argv"][2:] == FLAGS
         mine, deepspeeds = dict(ours[rank]["env"]), dict(theirs[rank]["env"])
         assert deepspeeds.pop("MASTER_PORT") == str(port)  # each launch picks a free port
         assert int(mine.pop("MASTER_PORT")) > 0
