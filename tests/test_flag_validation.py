@@ -5,6 +5,7 @@ command-line run."""
 import json
 import os
 
+import deepspeed
 import pytest
 import torch
 
@@ -158,6 +159,9 @@ def entry_point(monkeypatch, capsys):
     for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         monkeypatch.setenv(name, value)
     builds = []
+
+    def init_without_the_other_ranks(*args, **kwargs):
+        raise AssertionError("torch.distributed was started before the error (a rule is missing)")
     refusing = []  # non-empty while run() waits for a refusal: a build then is the failure, at once
     provider = pretrain_gpt.model_provider
 
@@ -170,6 +174,8 @@ def entry_point(monkeypatch, capsys):
 
     def run(args_list, world_size=1):
         monkeypatch.setenv("WORLD_SIZE", str(world_size))
+        if world_size > 1:  # only rank 0 runs here: with a rule missing, init would wait for the others
+            monkeypatch.setattr(deepspeed, "init_distributed", init_without_the_other_ranks)
         refusing.append(True)
         try:
             with pytest.raises(SystemExit) as exit_info:
