@@ -1,6 +1,7 @@
 """Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo), the ranks set up as
 DeepSpeed's launcher sets them up, and read the Megatron log lines they print. Shared by the tests
 and the benchmarks."""
+import multiprocessing
 import os
 import re
 import socket
@@ -31,7 +32,8 @@ def launcher_env(num_ranks: int, master_port: int) -> dict[str, str]:
 
 
 def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Mapping[str, str] | None = None,
-                  threads_per_rank: int = 1, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+                  threads_per_rank: int = 1, timeout: float | None = None,
+                  fork: bool = False) -> subprocess.CompletedProcess[str]:
     """The completed process, stdout and stderr of every rank together in `.stdout`; runs from the
     repository root.
 
@@ -41,24 +43,108 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
     is the launch's, as there. DeepSpeed's runner and launcher are two processes that each import
     torch and DeepSpeed before any rank starts (~4 s apiece), so they are left out here;
     tests/test_launch.py checks that the ranks see the same as under DeepSpeed's launcher, and the
-    README's example scripts, tested in tests/test_examples.py, go through the `deepspeed` command."""
+    README's example scripts, tested in tests/test_examples.py, go through the `deepspeed` command.
+
+    fork=True (the tests): each rank is forked from `preloaded_context()`'s server instead of
+    starting a fresh interpreter that imports torch, DeepSpeed and torch._dynamo (~6 s of CPU per
+    rank), and runs the script as `python -u` would (`_forked_rank`) but without the interpreter's
+    teardown. The caller's environment must name the CPU accelerator (DS_ACCELERATOR=cpu), which
+    the server resolves at import."""
     base = dict(os.environ if env is None else env, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads_per_rank),
                 PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **launcher_env(num_ranks, free_port()))
     # the launcher's own `import deepspeed` sets it (setdefault) in the environment the ranks inherit
     base.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     argv = [str(f) for f in flags]
     cmd = [sys.executable, "-u", script, *argv]
-    with tempfile.TemporaryFile("w+") as out:  # every rank appends to it, as to the launcher's stdout
-        ranks = [subprocess.Popen([*cmd[:3], f"--local_rank={rank}", *argv], cwd=ROOT,
-                                  env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=out,
-                                  stderr=subprocess.STDOUT)
-                 for rank in range(num_ranks)]
+    with tempfile.NamedTemporaryFile("w+") as out:  # every rank appends to it, as to the launcher's stdout
+        ranks = []
         try:
+            for rank in range(num_ranks):
+                rank_env, rank_argv = dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), [f"--local_rank={rank}", *argv]
+                if fork:
+                    ranks.append(_ForkedRank(script, rank_argv, rank_env, out.name))
+                else:
+                    ranks.append(subprocess.Popen([*cmd[:3], *rank_argv], cwd=ROOT, env=rank_env, stdout=out,
+                                                  stderr=subprocess.STDOUT))
             returncode = _wait_for_ranks(ranks, timeout, cmd)
         finally:  # a failed rank, the timeout or an interrupt: no rank outlives the launch
             _stop(ranks)
         out.seek(0)
         return subprocess.CompletedProcess(cmd, returncode, out.read())
+
+
+# what every rank imports: DeepSpeed (its accelerator resolved at import), torch._dynamo (the first
+# torch.optim optimizer imports it, ~2.5 s) and the trainer
+PRELOAD = ["deepspeed", "torch._dynamo", "megatron.training", "pretrain_gpt"]
+
+
+def preloaded_context() -> multiprocessing.context.BaseContext:
+    """multiprocessing's fork server, which imports PRELOAD once when it starts; every process of
+    this context is forked from it. It runs no torch op, so there is no thread pool to fork."""
+    if os.environ.get("DS_ACCELERATOR") != "cpu":
+        raise RuntimeError("the preloaded fork server resolves DeepSpeed's accelerator at import: "
+                           "set DS_ACCELERATOR=cpu before the first forked launch")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+class _ForkedRank:
+    """A rank forked from the preloaded server, with what the launch uses of Popen's interface."""
+
+    def __init__(self, script: str, argv: list[str], env: dict[str, str], output: str) -> None:
+        self.process = preloaded_context().Process(target=_forked_rank, args=(script, argv, env, output))
+        self.process.start()
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self) -> int | None:
+        self.process.join()
+        return self.process.exitcode
+
+
+def _forked_rank(script: str, argv: list[str], env: dict[str, str], output: str) -> None:
+    """In the forked process: what `python -u script argv` started from ROOT with `env` does, its
+    stdout and stderr appended to `output`, up to the exit (exit handlers run, then the process
+    ends without the interpreter's teardown)."""
+    import atexit
+    import io
+    import runpy
+    import threading
+    import traceback
+
+    import torch
+    out = os.open(output, os.O_WRONLY | os.O_APPEND)
+    for fd in (1, 2):
+        os.dup2(out, fd)
+    os.close(out)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(ROOT)
+    # the server's OpenMP read its own OMP_NUM_THREADS when torch was imported: apply the rank's
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:  # as the interpreter treats sys.exit(...)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # wait for non-daemon threads, as the interpreter does before exit handlers
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _wait_for_ranks(ranks: list[subprocess.Popen], timeout: float | None, cmd: list[str]) -> int:

@@ -1,17 +1,17 @@
 """Run a function on N real processes (gloo), each with torch.distributed, DeepSpeed's comm and
 our model-parallel groups initialised, and collect what each rank returns."""
-import gc
 import io
-import multiprocessing
 import os
 import traceback
 
 import torch
 
-from megatron.launch import free_port
+from megatron.launch import free_port, preloaded_context
 
 
-def _worker(rank, world_size, port, tp, pp, fn, args, queue):
+def _worker(rank, world_size, port, tp, pp, fn, args, queue, env):
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size), DS_ACCELERATOR="cpu")
     try:
@@ -30,32 +30,17 @@ def _worker(rank, world_size, port, tp, pp, fn, args, queue):
         queue.put((rank, buf.getvalue(), None))
     except BaseException:  # report, don't hang the parent
         queue.put((rank, None, traceback.format_exc()))
-    # keep everything imported out of the interpreter's last garbage collection (about 1 s of CPU
-    # per worker, for memory the OS takes back anyway); destructors still run at teardown
-    gc.freeze()
-
-
-# what every worker imports anyway: DeepSpeed (its CPU accelerator resolved at import, from the
-# DS_ACCELERATOR conftest sets), torch._dynamo (the first torch.optim optimizer imports it: ~2.5 s)
-# and the trainer
-PRELOAD = ["deepspeed", "torch._dynamo", "megatron.training", "pretrain_gpt"]
-
-
-def _context():
-    """Workers are forked from a server that has imported PRELOAD once, not spawned as fresh
-    interpreters that import it each time (~6 s of CPU per worker). The server runs no torch op,
-    so there is no thread pool to fork."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
 
 
 def run_distributed(world_size, fn, *args, tp=1, pp=1, timeout=300):
-    """fn(*args) runs on every rank; returns [result of rank 0, rank 1, ...]."""
-    ctx = _context()
+    """fn(*args) runs on every rank; returns [result of rank 0, rank 1, ...]. The workers are
+    forked from a server that has imported torch, DeepSpeed and the trainer once
+    (megatron.launch.preloaded_context), not fresh interpreters that import them (~6 s of CPU each),
+    and see this process's environment as it is now, as spawned ones would."""
+    ctx = preloaded_context()
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, tp, pp, fn, args, queue))
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, tp, pp, fn, args, queue, dict(os.environ)))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -15,7 +15,7 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
 def launch(num_ranks, args, out_dir, script=DRIVER, timeout=600, check=True):
     """Returns (completed process, {rank: driver json}) ; stdout+stderr in proc.stdout."""
     os.makedirs(out_dir, exist_ok=True)
-    proc = run_deepspeed(num_ranks, script, args, env=dict(os.environ, DRIVER_OUT=out_dir), timeout=timeout)
+    proc = run_deepspeed(num_ranks, script, args, env=dict(os.environ, DRIVER_OUT=out_dir), timeout=timeout, fork=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
     ranks = {}

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from megatron.launch import ROOT, free_port, run_deepspeed
 
 PROBE = os.path.join("tests", "launch_probe.py")
@@ -30,10 +32,11 @@ def _under_deepspeeds_launcher(num_ranks, env, out_dir):
     return _probes(out_dir), port
 
 
-def test_ranks_see_what_deepspeeds_launcher_gives_them(tmp_path):
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_ranks_see_what_deepspeeds_launcher_gives_them(tmp_path, fork):
     (tmp_path / "ours").mkdir()
     (tmp_path / "theirs").mkdir()
-    proc = run_deepspeed(2, PROBE, [tmp_path / "ours", *FLAGS], timeout=120)
+    proc = run_deepspeed(2, PROBE, [tmp_path / "ours", *FLAGS], timeout=120, fork=fork)
     assert proc.returncode == 0, proc.stdout
     ours = _probes(tmp_path / "ours")
     # DeepSpeed's launcher, started with the environment run_deepspeed hands its ranks
@@ -52,11 +55,12 @@ def test_ranks_see_what_deepspeeds_launcher_gives_them(tmp_path):
                                                                                                  "2", "2")
 
 
-def test_a_failing_rank_stops_the_others_and_its_code_is_the_launchs(tmp_path):
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_a_failing_rank_stops_the_others_and_its_code_is_the_launchs(tmp_path, fork):
     """Rank 1 exits 3 while rank 0 would wait forever: the launch ends with exit code 3 and rank 0
     is gone (stopped and reaped) when it returns."""
     import psutil
     pid_file = tmp_path / "rank0.pid"
-    proc = run_deepspeed(2, PROBE, ["fail", pid_file], timeout=120)
+    proc = run_deepspeed(2, PROBE, ["fail", pid_file], timeout=120, fork=fork)
     assert proc.returncode == 3
     assert not psutil.pid_exists(int(pid_file.read_text()))
