@@ -108,11 +108,10 @@ class _ForkedRank:
 def _forked_rank(script: str, argv: list[str], env: dict[str, str], output: str) -> None:
     """In the forked process: what `python -u script argv` started from ROOT with `env` does, its
     stdout and stderr appended to `output`, up to the exit (exit handlers run, then the process
-    ends without the interpreter's teardown)."""
+    ends without the interpreter's teardown, as the trainer's own successful exit does)."""
     import atexit
     import io
     import runpy
-    import threading
     import traceback
 
     import torch
@@ -140,8 +139,7 @@ def _forked_rank(script: str, argv: list[str], env: dict[str, str], output: str)
     except BaseException:
         traceback.print_exc()
         code = 1
-    threading._shutdown()  # wait for non-daemon threads, as the interpreter does before exit handlers
-    atexit._run_exitfuncs()
+    atexit._run_exitfuncs()  # what the interpreter runs at exit (non-daemon threads are not waited for)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
