@@ -145,7 +145,7 @@ def _forked_rank(script: str, argv: list[str], env: dict[str, str], output: str)
     os._exit(code)
 
 
-def _wait_for_ranks(ranks: list[subprocess.Popen], timeout: float | None, cmd: list[str]) -> int:
+def _wait_for_ranks(ranks: list[subprocess.Popen | _ForkedRank], timeout: float | None, cmd: list[str]) -> int:
     """0 once every rank has exited 0; else, as soon as a rank has failed, its code (the lowest
     rank's when several have)."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -159,7 +159,7 @@ def _wait_for_ranks(ranks: list[subprocess.Popen], timeout: float | None, cmd: l
         time.sleep(0.05)
 
 
-def _stop(ranks: list[subprocess.Popen]) -> None:
+def _stop(ranks: list[subprocess.Popen | _ForkedRank]) -> None:
     """SIGTERM to every live rank and its children (data loader workers), SIGKILL after 10 s."""
     import psutil  # a DeepSpeed dependency
     procs = []
