@@ -16,6 +16,8 @@ from math import prod
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from megatron.model.shape import ModelShape
+
 COMPONENTS = ("word_embeddings", "position_embeddings", "embedding_layernorm", "attention", "mlp", "layernorm",
               "output_layer", "experts", "router")
 # Kaplan et al.: "excluding all vocabulary and positional embeddings" -- the untied output layer is
@@ -140,7 +142,7 @@ def _expert_specs(shape, layer, prefix, component):
                           split=spec.split if tp else "replicated") for spec in _dense_mlp_specs(shape)]
 
 
-def moe_layer_specs(shape: Any, layer: int, dense_specs: list[ParamSpec]) -> list[ParamSpec]:
+def moe_layer_specs(shape: ModelShape, layer: int, dense_specs: list[ParamSpec]) -> list[ParamSpec]:
     """The layer's specs with its MLP replaced by an MoE when `layer` is an MoE layer."""
     num_experts = shape.experts_per_layer()[layer - 1]
     if num_experts == 1:
@@ -157,7 +159,7 @@ def moe_layer_specs(shape: Any, layer: int, dense_specs: list[ParamSpec]) -> lis
     return specs
 
 
-def expert_parameters(shape: Any) -> int:
+def expert_parameters(shape: ModelShape) -> int:
     """Parameters of one expert (every expert has the dense MLP's shape)."""
     return sum(prod(spec.shape) for spec in _dense_mlp_specs(shape))
 
@@ -167,7 +169,7 @@ def expert_index(spec: ParamSpec) -> int:
     return int(spec.key[len(EXPERT_PREFIX):].split(".")[0])
 
 
-def held_by_expert_parallel_rank(shape: Any, spec: ParamSpec, ep_rank: int) -> bool:
+def held_by_expert_parallel_rank(shape: ModelShape, spec: ParamSpec, ep_rank: int) -> bool:
     """Whether EP rank `ep_rank` holds `spec` (every non-expert parameter, and its own experts)."""
     if spec.component != "experts":
         return True
@@ -175,19 +177,19 @@ def held_by_expert_parallel_rank(shape: Any, spec: ParamSpec, ep_rank: int) -> b
     return expert_index(spec) // per_rank == ep_rank
 
 
-def active_expert_parameters(shape: Any) -> int:
+def active_expert_parameters(shape: ModelShape) -> int:
     """Expert parameters one token passes through: top-k experts in every MoE layer."""
     return sum(shape.topk * expert_parameters(shape) for e in shape.experts_per_layer() if e > 1)
 
 
-def experts_per_expert_parallel_rank(shape: Any) -> tuple[int, int]:
+def experts_per_expert_parallel_rank(shape: ModelShape) -> tuple[int, int]:
     """(experts, expert parameters) that each EP rank holds, all MoE layers together (over its TP
     ranks together when the experts are TP-split)."""
     experts = sum(e // shape.moe_expert_parallel_size for e in shape.experts_per_layer() if e > 1)
     return experts, experts * expert_parameters(shape)
 
 
-def mlp_forward_flops(shape: Any) -> list[int]:
+def mlp_forward_flops(shape: ModelShape) -> list[int]:
     """Forward FLOPs of each layer's MLP slot per sample: the dense MLP (2s x its weight matrices,
     4shf) or, in an MoE layer, the top-k experts' MLPs, the router 2shE and with PR-MoE the dense
     MLP and its coefficient 2sh2. Dispatch / combine are excluded: they move tokens (and an
@@ -198,7 +200,7 @@ def mlp_forward_flops(shape: Any) -> list[int]:
     return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else mlp for e in shape.experts_per_layer()]
 
 
-def parameter_table(shape: Any) -> list[ParamSpec]:
+def parameter_table(shape: ModelShape) -> list[ParamSpec]:
     """Every parameter of the model once (a tied output layer is the word embedding)."""
     specs = _embedding_specs(shape, 0)
     for i in range(shape.num_layers):
@@ -211,7 +213,7 @@ def parameter_table(shape: Any) -> list[ParamSpec]:
 
 # --- names and fused parts: how resharding, the export and the build-time matcher read the table ---
 
-def module_name(spec: ParamSpec, shape: Any, pipeline: bool) -> str:
+def module_name(spec: ParamSpec, shape: ModelShape, pipeline: bool) -> str:
     """The entry's parameter name in GPTModelPipe (pipeline=True: `<layer>.<key>`; the tied
     embedding is DeepSpeed's `tied_modules.embed.<key>`, the same name on every stage holding a
     copy) or in GPTModel. Experts by global index."""
@@ -228,17 +230,17 @@ def module_name(spec: ParamSpec, shape: Any, pipeline: bool) -> str:
 
 
 @lru_cache(maxsize=16)
-def entries_by_name(shape: Any, pipeline: bool) -> MappingProxyType:
+def entries_by_name(shape: ModelShape, pipeline: bool) -> MappingProxyType:
     """{module name: entry} for every entry of the table (read-only: the cache shares it)."""
     return MappingProxyType({module_name(spec, shape, pipeline): spec for spec in parameter_table(shape)})
 
 
-def table_entry(name: str, shape: Any, pipeline: bool) -> ParamSpec | None:
+def table_entry(name: str, shape: ModelShape, pipeline: bool) -> ParamSpec | None:
     """The entry a GPTModelPipe (pipeline=True) or GPTModel parameter name describes, or None."""
     return entries_by_name(shape, pipeline).get(name)
 
 
-def fused_parts(spec: ParamSpec, shape: Any, full: Any) -> dict[str, Any]:
+def fused_parts(spec: ParamSpec, shape: ModelShape, full: Any) -> dict[str, Any]:
     """The separate projections in a fused entry's full tensor (rows first; any torch tensor):
     qkv -> query [a d, ...], key [g d, ...], value [g d, ...], each with its heads in order;
     glu -> gate, value (rows 2j and 2j + 1); an entry that fuses nothing -> {"": full}."""
@@ -253,7 +255,7 @@ def fused_parts(spec: ParamSpec, shape: Any, full: Any) -> dict[str, Any]:
     return {"": full}
 
 
-def stage_of_layer(shape: Any, layer: int) -> int:
+def stage_of_layer(shape: ModelShape, layer: int) -> int:
     """Pipeline stage holding GPTModelPipe layer `layer` under the shape's split
     (megatron/model/partition.py; the embedding is always on the first stage, the output layer on
     the last)."""
@@ -261,7 +263,7 @@ def stage_of_layer(shape: Any, layer: int) -> int:
     return stage_of_item_layer(shape)[layer]
 
 
-def stage_parameters(shape: Any, stage: int) -> list[tuple[ParamSpec, bool]]:
+def stage_parameters(shape: ModelShape, stage: int) -> list[tuple[ParamSpec, bool]]:
     """[(spec, owned)] that each TP rank of `stage` holds (of an MoE model: at EP rank 0). With
     PP > 1 and a tied output layer the last stage holds a copy of the embedding module
     (DeepSpeed's TiedLayerSpec); the first stage owns it. An untied output layer is the last
@@ -306,7 +308,7 @@ class ParameterCounts:
         return self.active - sum(self.components[c] for c in EMBEDDING_COMPONENTS)
 
 
-def analytic_parameter_counts(shape: Any) -> ParameterCounts:
+def analytic_parameter_counts(shape: ModelShape) -> ParameterCounts:
     components = dict.fromkeys(COMPONENTS, 0)
     for spec in parameter_table(shape):
         components[spec.component] += prod(spec.shape)
@@ -322,7 +324,7 @@ def analytic_parameter_counts(shape: Any) -> ParameterCounts:
 
 # --- FLOPs -----------------------------------------------------------------------------------
 
-def recomputed_layers(shape: Any, method: str | None, num_layers: int) -> list[int]:
+def recomputed_layers(shape: ModelShape, method: str | None, num_layers: int) -> list[int]:
     """0-based indices of the transformer layers that activation checkpointing runs forward a second
     time in backward. uniform (chunks of `num_layers`): every layer, each chunk once; block: the
     first `num_layers` layers of each pipeline stage (Megatron's `--activations-checkpoint-method`)."""
@@ -337,7 +339,7 @@ def recomputed_layers(shape: Any, method: str | None, num_layers: int) -> list[i
     return layers
 
 
-def flops_per_sample(shape: Any, checkpoint_activations: bool, method: str | None = None,
+def flops_per_sample(shape: ModelShape, checkpoint_activations: bool, method: str | None = None,
                      num_layers: int = 1) -> int:
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
     generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
@@ -355,7 +357,7 @@ def flops_per_sample(shape: Any, checkpoint_activations: bool, method: str | Non
     return 3 * sum(per_layer) + recompute + 3 * logits_forward_flops(shape)
 
 
-def layer_forward_flops(shape: Any) -> list[int]:
+def layer_forward_flops(shape: ModelShape) -> list[int]:
     """Forward FLOPs per sample of each transformer layer (see flops_per_sample)."""
     s, h = shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
@@ -365,7 +367,7 @@ def layer_forward_flops(shape: Any) -> list[int]:
     return [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape)]
 
 
-def logits_forward_flops(shape: Any) -> int:
+def logits_forward_flops(shape: ModelShape) -> int:
     """The output layer's 2shV per sample (tied or not)."""
     return 2 * shape.seq_length * shape.hidden_size * shape.padded_vocab_size
 
