@@ -71,6 +71,24 @@ def test_default_balances_flops_on_bloom_176b():
     assert list(stage_parts(bloom(None))) == stages([7] + [6] * 10 + [6])
 
 
+def test_default_puts_the_weightless_moe_loss_item_with_the_later_stage():
+    """MoE, 2 layers (both MoE: 4 experts), hidden 64, seq 32, vocab 8192, PP=2; items: embedding,
+    2 layers, `take` (the function that keeps the moe loss: no parameters, no FLOPs), norm, output
+    layer. Forward per sample: the logits 2 s h V = 2 x 32 x 64 x 8192 = 33,554,432; an MoE layer
+    with top-2 = attention 8 s h^2 + 4 s^2 h, two experts 2 x 16 s h^2 and the router 2 s h x 4 =
+    5,521,408. Both layers together cost less than the logits, so the output layer's stage is the
+    bottleneck and holds nothing else that costs FLOPs. Among those splits the largest
+    stage in parameters is stage 0 (the embedding and every expert): the norm's 128 parameters move
+    to the last stage. `take` weighs nothing either way; on such a tie the cut comes earlier, so it
+    goes with the later stage: [embedding, 2 layers | take, norm, output layer]."""
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=8192,
+                       max_position_embeddings=32, num_experts=(4,), topk=2, pipeline_model_parallel_size=2)
+    s, h = 32, 64
+    assert 2 * s * h * 8192 == 33_554_432 > 2 * (8 * s * h * h + 4 * s * s * h + 2 * 16 * s * h * h + 2 * s * h * 4) \
+        == 2 * 5_521_408
+    assert list(stage_parts(shape)) == [0, 3, 6]
+
+
 def test_split_that_deepspeed_builds():
     """GPTModelPipe on real gloo ranks (DeepSpeed's PipelineModule partitions, we only read its
     `parts`): BLOOM-like 70 layers at PP=12 with BLOOM's vocabulary (hidden 16 to stay small), and a
