@@ -73,8 +73,10 @@ def main(args_list: list[str] | None = None,
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
                         args_list=args_list, hooks=hooks)
     except ConfigError as e:
-        # one line naming the flag and the fix, instead of a stack trace from deep inside
-        print(f"pretrain_gpt.py: error: {e}", file=sys.stderr, flush=True)
+        # one line naming the flag and the fix, instead of a stack trace from deep inside; written
+        # in one piece, so that the line of another rank failing alike cannot land inside it
+        sys.stderr.write(f"pretrain_gpt.py: error: {e}\n")
+        sys.stderr.flush()
         sys.exit(2)
 
 
