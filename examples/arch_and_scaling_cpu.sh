@@ -70,9 +70,13 @@ for i in "${!NAMES[@]}"; do
     --tensorboard-dir "$OUT/$name" \
     --deepspeed --deepspeed_config examples/ds_config_tiny_cpu.json >"$log" 2>&1 &
   pid=$!
-  # progress: which run of how many, its iteration, and an ETA from the iterations per second so far
+  # progress every 10 s: which run of how many, its iteration, and an ETA from the iterations per
+  # second so far (checked every second, so that the next run starts as soon as this one ends)
+  polls=0
   while kill -0 "$pid" 2>/dev/null; do
-    sleep 10
+    sleep 1
+    polls=$(( polls + 1 ))
+    [ $(( polls % 10 )) -eq 0 ] || continue
     it=$( (grep -o ' iteration *[0-9]*/' "$log" || true) | tail -1 | tr -dc 0-9)
     it=${it:-0}  # still starting
     elapsed=$(( $(date +%s) - start ))

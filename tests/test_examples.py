@@ -1,6 +1,7 @@
 """The README's commands as a user runs them: the quickstart trains on the bundled corpus with
 TP=2 x PP=2, evaluates, saves, and a second invocation resumes; the seed discussion's launch
-script prints the exact 52M count."""
+script prints the exact 52M count; the architecture comparison trains three variants at equal
+compute and draws them."""
 import os
 import subprocess
 
@@ -55,3 +56,28 @@ def test_moe_example_prints_total_and_active_and_saves_experts_per_ep_rank(tmp_p
     assert {f"layer_{m}_expert_{e}_mp_rank_{e // 2:02d}_model_states.pt" for m in range(2) for e in range(4)} \
         <= set(saved)
     assert {f"expp_rank_{t}_mp_rank_{t:02d}_optim_states.pt" for t in range(2)} <= set(saved)
+
+
+def test_arch_and_scaling_trains_three_variants_at_equal_compute_and_draws_them(tmp_path):
+    """At 50 gigaflos per run (the least that leaves the fits 4 points above a fifth of it). N
+    without embeddings by hand, 4 layers, h 128: GPT-2 12h^2 + 13h per layer + the final norm 2h;
+    BLOOM-style adds the embedding LayerNorm's 2h; LLaMA-style per layer q and o 2h^2, k and v
+    2 x 2 heads x 16 x h, SwiGLU ffn 320 3 x 320h, two RMSNorms 2h, and the final norm h. Samples:
+    50e9 / (6 x seq 128 x N), to the nearest global batch of 16."""
+    h = 128
+    gpt2 = 4 * (12 * h * h + 13 * h) + 2 * h
+    n = {"gpt2": gpt2, "bloom": gpt2 + 2 * h, "llama": 4 * (2 * h * h + 2 * 2 * 16 * h + 3 * 320 * h + 2 * h) + h}
+    assert n == {"gpt2": 793_344, "bloom": 793_600, "llama": 656_512}
+    samples = {"gpt2": 80, "bloom": 80, "llama": 96}  # 82.06, 82.04, 99.16 samples
+    for name in n:
+        assert abs(50e9 / (6 * 128 * n[name]) - samples[name]) < 8
+    picture = tmp_path / "curves.png"
+    out = run_example("arch_and_scaling_cpu.sh", tmp_path, GIGAFLOS=50, OUT=tmp_path / "runs", PICTURE=picture)
+    for name in n:
+        assert f"{name}: {n[name]} parameters without embeddings -> {samples[name]} samples for 50 gigaflos\n" in out
+        tokens = samples[name] * 128
+        assert f"N = {n[name]:,} without embeddings | sequence length 128 | " in out
+        assert f"up to {6 * n[name] * tokens / 1e9:.4g} gigaflos and {tokens:,} tokens" in out
+        assert f"[{name}]  validation loss at the end of training" in out
+    assert out.count("fit (training loss) ") == 3
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {picture}" in out
