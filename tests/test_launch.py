@@ -47,6 +47,9 @@ def test_ranks_see_what_deepspeeds_launcher_gives_them(tmp_path, fork):
     for rank in (0, 1):
         assert ours[rank]["argv"][0] == theirs[rank]["argv"][0] == f"--local_rank={rank}"
         assert ours[rank]["argv"][2:] == theirs[rank]["argv"][2:] == FLAGS
+        assert ours[rank]["cwd"] == theirs[rank]["cwd"] == ROOT
+        assert ours[rank]["path0"] == theirs[rank]["path0"] == os.path.join(ROOT, "tests")
+        assert ours[rank]["threads"] == theirs[rank]["threads"] == 1  # OMP_NUM_THREADS=1
         mine, deepspeeds = dict(ours[rank]["env"]), dict(theirs[rank]["env"])
         assert deepspeeds.pop("MASTER_PORT") == str(port)  # each launch picks a free port
         assert int(mine.pop("MASTER_PORT")) > 0
@@ -63,4 +66,5 @@ def test_a_failing_rank_stops_the_others_and_its_code_is_the_launchs(tmp_path, f
     pid_file = tmp_path / "rank0.pid"
     proc = run_deepspeed(2, PROBE, ["fail", pid_file], timeout=120, fork=fork)
     assert proc.returncode == 3
+    assert "rank 1 exits with 3\n" in proc.stdout  # what a rank writes to stderr reaches the launch's output
     assert not psutil.pid_exists(int(pid_file.read_text()))
