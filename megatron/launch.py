@@ -1,6 +1,7 @@
 """Launch `deepspeed --num_gpus N <script> <flags>` on CPU ranks (gloo), the ranks set up as
 DeepSpeed's launcher sets them up, and read the Megatron log lines they print. Shared by the tests
-and the benchmarks."""
+and the benchmarks; the tests fork their ranks from a server that has imported torch, DeepSpeed
+and the trainer once (`preloaded_context`), the benchmarks start fresh interpreters."""
 import multiprocessing
 import os
 import re
