@@ -3,6 +3,7 @@ them unnoticed, as one did: every script must import, and every `from megatron..
 them, at module level or inside a function, must name something that exists."""
 import ast
 import importlib
+import importlib.util
 import os
 import runpy
 
