@@ -127,7 +127,7 @@ def _forked_rank(script: str, argv: list[str], env: dict[str, str], output: str)
     os.environ.update(env)
     os.chdir(ROOT)
     # the server's OpenMP read its own OMP_NUM_THREADS when torch was imported: apply the rank's
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # run_deepspeed always sets it
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0

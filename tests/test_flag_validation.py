@@ -159,9 +159,6 @@ def entry_point(monkeypatch, capsys):
     for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         monkeypatch.setenv(name, value)
     builds = []
-
-    def init_without_the_other_ranks(*args, **kwargs):
-        raise AssertionError("torch.distributed was started before the error (a rule is missing)")
     refusing = []  # non-empty while run() waits for a refusal: a build then is the failure, at once
     provider = pretrain_gpt.model_provider
 
@@ -171,6 +168,9 @@ def entry_point(monkeypatch, capsys):
             raise AssertionError("the model was built before the error (a rule is missing)")
         return provider(args)
     monkeypatch.setattr(pretrain_gpt, "model_provider", model_provider)
+
+    def init_without_the_other_ranks(*args, **kwargs):
+        raise AssertionError("torch.distributed was started before the error (a rule is missing)")
 
     def run(args_list, world_size=1):
         monkeypatch.setenv("WORLD_SIZE", str(world_size))
