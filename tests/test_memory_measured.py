@@ -1,4 +1,4 @@
-"""Memory per rank: the prediction from the config (megatron/memory.py) equals, byte for byte,
+"""Memory per rank: the prediction from the config (megatron/metrics/memory.py) equals, byte for byte,
 what real DeepSpeed engines built by Trainer.setup_model_and_optimizer hold after their first
 iteration (weights, gradients at the optimizer step, optimizer state), on real gloo ranks;
 activations (an estimate) are within 5% of the bytes autograd saved for backward (in these
