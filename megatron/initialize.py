@@ -14,7 +14,6 @@ import torch
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tokenizer
-from megatron.metrics.mfu import resolve_mfu
 from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
 
 
@@ -28,9 +27,7 @@ def initialize_megatron(extra_args_provider: Callable | None = None, args_list: 
     set_args(args)
     resume = _build_tokenizer(args, check_load=True)
     _set_random_seed(args.seed)
-    precision = "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
-    mfu = resolve_mfu(precision, args.peak_tflops)  # the device's peak: a CUDA query, once
-    return freeze_args(args, RunConfig.from_args(args, resume, mfu))
+    return freeze_args(args, RunConfig.from_args(args, resume))
 
 
 def disable_deepspeed_shm_comm() -> None:

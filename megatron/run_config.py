@@ -15,7 +15,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from megatron.metrics.config import LoggingConfig
-from megatron.metrics.mfu import MfuSettings
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -90,7 +89,7 @@ class RunConfig:
     logging: LoggingConfig  # the metrics component's section (megatron/metrics/config.py)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, resume: ResumePlan, mfu: MfuSettings) -> "RunConfig":
+    def from_args(cls, args: argparse.Namespace, resume: ResumePlan) -> "RunConfig":
         shape = args.model_shape
         return cls(
             model_shape=shape,
@@ -106,7 +105,7 @@ class RunConfig:
                                         args.sgd_momentum, args.zero_stage),
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
-            logging=LoggingConfig.from_args(args, mfu),
+            logging=LoggingConfig.from_args(args),
         )
 
     def deepspeed_config_dict(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 
 from megatron.metrics.memory import TrainingSetup
-from megatron.metrics.mfu import MfuSettings
+from megatron.metrics.mfu import MfuSettings, resolve_mfu
 from megatron.model.shape import ModelShape
 
 
@@ -31,7 +31,9 @@ class LoggingConfig:
     mfu: MfuSettings         # the device's peak and the startup line naming it
 
     @classmethod
-    def from_args(cls, args: Namespace, mfu: MfuSettings) -> "LoggingConfig":
+    def from_args(cls, args: Namespace) -> "LoggingConfig":
+        """From validated flags (the device's peak for MFU: --peak-tflops, or a CUDA query)."""
+        precision = "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
         return cls(log_interval=args.log_interval, tensorboard_dir=args.tensorboard_dir,
                    tensorboard_queue_size=args.tensorboard_queue_size,
                    writes_tensorboard=bool(args.tensorboard_dir) and args.rank == args.world_size - 1,
@@ -42,4 +44,4 @@ class LoggingConfig:
                    log_optimizer_states_to_tensorboard=args.log_optimizer_states_to_tensorboard,
                    world_size=args.world_size, data_parallel_size=args.data_parallel_size,
                    seq_length=args.seq_length, model_shape=args.model_shape,
-                   memory=TrainingSetup.from_args(args), mfu=mfu)
+                   memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops))
