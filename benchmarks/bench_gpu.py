@@ -1,6 +1,6 @@
 """One-GPU throughput of the seed's 52M GPT in bf16: TFLOPs per GPU, MFU against the device's
-datasheet peak (megatron/mfu.py) and against a measured bf16 GEMM ceiling, and memory predicted
-(megatron/memory.py) vs measured after the first step. Needs CUDA; on a machine without it, says
+datasheet peak (megatron/metrics/mfu.py) and against a measured bf16 GEMM ceiling, and memory predicted
+(megatron/metrics/memory.py) vs measured after the first step. Needs CUDA; on a machine without it, says
 so and exits with status 1.
 
 The model is trained by our trainer built in-process (pipeline engine, TP=1 PP=1, as
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--gemm-size", type=int, default=8192)
-    parser.add_argument("--peak-tflops", type=float, default=None, help="for a device not in megatron/mfu.py")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="for a device not in megatron/metrics/mfu.py")
     a = parser.parse_args()
 
     extra = ["--bf16"] + (["--peak-tflops", str(a.peak_tflops)] if a.peak_tflops else [])
@@ -50,7 +50,7 @@ def main() -> None:
 
     samples_per_second = a.global_batch / seconds
     achieved = ours.flops_per_sample * samples_per_second
-    peak = ours.args.peak_tflops_per_device  # the datasheet table, or --peak-tflops
+    peak = ours.args.run_config.logging.mfu.peak_tflops_per_device  # the datasheet table, or --peak-tflops
     mfu = "-" if peak is None else f"{ours.args.model_flops_per_sample * samples_per_second / (peak * 1e12):.3f}"
     print(f"{torch.cuda.get_device_name()}: model {common.model_label(a)}, bf16, {ours.args.parameters:,} parameters, "
           f"global batch {a.global_batch}, {ours.flops_per_sample / 1e9:.0f} GFLOPs per sample; "
@@ -62,7 +62,7 @@ def main() -> None:
          f"{achieved / 1e12:.1f}", mfu, f"{achieved / gemm:.2f}"),
     ]))
     if peak is None:
-        print("no MFU: the device is not in megatron/mfu.py's peak table; pass --peak-tflops")
+        print("no MFU: the device is not in megatron/metrics/mfu.py's peak table; pass --peak-tflops")
     # memory after the first step: weights, gradients, optimizer must match to the byte; on CUDA the
     # activation column is max_memory_allocated minus those three (transient buffers included)
     [(_, _, _, _, predicted, measured)] = ours.memory

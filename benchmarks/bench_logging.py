@@ -1,6 +1,6 @@
 """Cost of the per-iteration logging path as the model grows.
 
-ours:  megatron.training_log.training_log as the trainer calls it; parameter counts and FLOPs
+ours:  megatron.metrics.training_log.training_log as the trainer calls it; parameter counts and FLOPs
        per sample are cached on args at build time, so it only formats numbers.
 naive: the same call preceded by what Megatron-DeepSpeed did on every log: walk
        model.parameters() summing numel, then a torch.distributed all_reduce of the sum over the
@@ -47,7 +47,7 @@ def per_call_seconds(fn: Callable[[], object], calls: int) -> float:
 def measure(layers: int, hidden: int,
             a: argparse.Namespace) -> tuple[str, str, int, str, str, str, str, str, str]:
     """One table row: a trainer of this size, its iteration time, and both logging paths."""
-    from megatron.training_log import IntervalStats
+    from megatron.metrics.training_log import IntervalStats
 
     torch.set_num_threads(a.threads)
     trainer = common.Trainer(common.trainer_flags(layers, hidden, a.heads, a.seq, a.micro_batch, a.vocab))

@@ -67,7 +67,7 @@ class Trainer:
 
     def step(self) -> torch.Tensor:
         loss, _ = self.trainer.train_step()
-        if self.trainer.memory_probe is not None:  # after the first step, as train() does
+        if self.trainer.metrics.memory_probe is not None:  # after the first step, as train() does
             with contextlib.redirect_stdout(io.StringIO()):
                 self.memory = self.trainer.measure_memory()
         return loss

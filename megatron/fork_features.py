@@ -1,6 +1,6 @@
 """The rest of the forks' published GPT-script flags: Megatron-LM's activation-recompute spellings
 (mapped onto --activations-checkpoint-method, the same meaning), the logging flags
---log-params-norm / --log-num-zeros-in-grad (megatron/grad_stats.py), and the features this
+--log-params-norm / --log-num-zeros-in-grad (megatron/metrics/grad_stats.py), and the features this
 trainer does not have, each refused with one line before anything is built (a script passing them
 expects a training this trainer would not do)."""
 import argparse

@@ -1,14 +1,11 @@
-"""Process-wide singletons: args, timers, TensorBoard writer, tokenizer."""
+"""Process-wide singletons: args, timers, tokenizer. (The TensorBoard writer is not one: the
+Trainer's MetricsProcessor owns it, megatron/metrics/processor.py.)"""
 import argparse
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
+from typing import Any
 
 _GLOBAL_ARGS = None
 _GLOBAL_TIMERS = None
-_GLOBAL_TENSORBOARD_WRITER = None
 _GLOBAL_TOKENIZER = None
 
 
@@ -36,26 +33,6 @@ def get_tokenizer() -> Any:  # the tokenizer build_tokenizer made (several class
 def set_tokenizer(tokenizer: Any) -> None:
     global _GLOBAL_TOKENIZER
     _GLOBAL_TOKENIZER = tokenizer
-
-
-def get_tensorboard_writer() -> "SummaryWriter | None":
-    return _GLOBAL_TENSORBOARD_WRITER
-
-
-def set_tensorboard_writer(args: argparse.Namespace) -> None:
-    """Only the last rank writes (it sees the loss under pipeline parallelism)."""
-    global _GLOBAL_TENSORBOARD_WRITER
-    if args.tensorboard_dir and args.rank == args.world_size - 1:
-        from torch.utils.tensorboard import SummaryWriter
-        _GLOBAL_TENSORBOARD_WRITER = SummaryWriter(log_dir=args.tensorboard_dir,
-                                                   max_queue=args.tensorboard_queue_size)
-
-
-def close_tensorboard_writer() -> None:
-    global _GLOBAL_TENSORBOARD_WRITER
-    if _GLOBAL_TENSORBOARD_WRITER is not None:
-        _GLOBAL_TENSORBOARD_WRITER.close()
-        _GLOBAL_TENSORBOARD_WRITER = None
 
 
 class _Timer:

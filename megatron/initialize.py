@@ -1,6 +1,7 @@
 """initialize_megatron: validated args, torch.distributed (gloo on CPU, nccl on CUDA), model-parallel
-groups, tokenizer (and a --load checkpoint's fit), seeds, TensorBoard writer — in that order, so
-bad flags fail before any of the expensive steps; then the run configuration is frozen."""
+groups, tokenizer (and a --load checkpoint's fit), seeds — in that order, so bad flags fail before
+any of the expensive steps; then the run configuration is frozen (the TensorBoard writer belongs
+to the Trainer's metrics, megatron/metrics/processor.py)."""
 import copy
 import dataclasses
 import os
@@ -12,8 +13,7 @@ import torch
 
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
-from megatron.global_vars import set_args, set_tensorboard_writer, set_tokenizer
-from megatron.mfu import cache_mfu, resolve_mfu
+from megatron.global_vars import set_args, set_tokenizer
 from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
 
 
@@ -27,10 +27,7 @@ def initialize_megatron(extra_args_provider: Callable | None = None, args_list: 
     set_args(args)
     resume = _build_tokenizer(args, check_load=True)
     _set_random_seed(args.seed)
-    set_tensorboard_writer(args)
-    mfu = resolve_mfu(args)
-    cache_mfu(args, mfu)
-    return freeze_args(args, RunConfig.from_args(args, resume, mfu))
+    return freeze_args(args, RunConfig.from_args(args, resume))
 
 
 def disable_deepspeed_shm_comm() -> None:

@@ -18,13 +18,10 @@ from typing import NoReturn
 
 
 def exit_after_success() -> NoReturn:
-    """Close the TensorBoard writer, run the registered exit handlers (logging's flush and any
-    clean-up a library registered), flush stdout / stderr, and end the process with status 0.
-    Checkpoints need nothing here: DeepSpeed's save has written and closed every file before
-    save_checkpoint's final barrier."""
-    from megatron.global_vars import close_tensorboard_writer
-
-    close_tensorboard_writer()  # a no-op when pretrain already closed it
+    """Run the registered exit handlers (logging's flush and any clean-up a library registered),
+    flush stdout / stderr, and end the process with status 0. Checkpoints need nothing here:
+    DeepSpeed's save has written and closed every file before save_checkpoint's final barrier, and
+    the TensorBoard writer was closed by the Trainer that owns it (Trainer.finish)."""
     logging.shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -19,7 +19,7 @@ import torch
 from megatron import mpu, print_rank_0
 from megatron.checkpoint_layout import CheckpointLayout
 from megatron.checkpoint_reshard import Checkpoint, table_key, tp_cut
-from megatron.memory import TrainingSetup
+from megatron.metrics.memory import TrainingSetup
 from megatron.model.analytic import parameter_table
 from megatron.model.shape import ConfigError, pad_vocab_size
 from megatron.run_config import ResumePlan
@@ -35,7 +35,7 @@ def _precision(args):
     return "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
 
 
-# optimizers DeepSpeed builds (megatron/memory.py's names) whose state cannot be put back at another layout
+# optimizers DeepSpeed builds (megatron/metrics/memory.py's names) whose state cannot be put back at another layout
 _UNSUPPORTED = {"zero3": "ZeRO stage 3 partitions the weights too",
                 "fp16_fused": "DeepSpeed's FP16_Optimizer keeps flat fp32 copies without parameter names",
                 "fp16_unfused": "DeepSpeed's FP16_Optimizer keeps flat fp32 copies without parameter names"}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from megatron.metrics.config import LoggingConfig
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -85,10 +86,10 @@ class RunConfig:
     optimizer: OptimizerSettings
     deepspeed_config: Mapping[str, Any]  # read-only; deepspeed_config_dict() gives a copy to hand DeepSpeed
     resume: ResumePlan
-    mfu: Any  # megatron.mfu.MfuSettings (model FLOPs per sample, the device's peak, where it came from)
+    logging: LoggingConfig  # the metrics component's section (megatron/metrics/config.py)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, resume: ResumePlan, mfu: Any) -> "RunConfig":
+    def from_args(cls, args: argparse.Namespace, resume: ResumePlan) -> "RunConfig":
         shape = args.model_shape
         return cls(
             model_shape=shape,
@@ -104,7 +105,7 @@ class RunConfig:
                                         args.sgd_momentum, args.zero_stage),
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
-            mfu=mfu,
+            logging=LoggingConfig.from_args(args),
         )
 
     def deepspeed_config_dict(self) -> dict[str, Any]:

@@ -16,20 +16,18 @@ import torch
 
 from megatron import mpu, print_rank_0
 from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
-from megatron.deepspeed_internals import current_loss_scale, save_and_load_as_moe, skip_gradient_allreduce
+from megatron.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
 from megatron.engine import engine_steps, pop_moe_loss
-from megatron.global_vars import close_tensorboard_writer, get_timers
-from megatron.grad_stats import ZeroCounter, params_norm
+from megatron.global_vars import get_timers
 from megatron.learning_rates import AnnealingLR, schedule_lengths
-from megatron.memory_measure import finish_memory_probe, startup_report
+from megatron.metrics.processor import MetricsProcessor
+from megatron.metrics.training_log import IntervalStats
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
-from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.training_data import build_data_iterators
-from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
 from megatron.utils import (
     cache_parameter_counts,
@@ -73,8 +71,9 @@ class TrainerHooks:
 
 class Trainer:
     """One run: owns the engine, the LR scheduler, the batch-size calculator, the progress, the
-    parameter counts, the metrics (interval stats, MFU peak, memory probe, zeros in grad) and
-    checkpointing; each part decides when it acts (`_should_log`, `_should_evaluate`, ...).
+    parameter counts, the metrics (a MetricsProcessor: log line, TensorBoard writer, MFU, memory
+    probe, zeros in grad) and checkpointing; each part decides when it acts (`metrics.should_log`,
+    `_should_evaluate`, ...).
     Built from the functions pretrain() takes; `run()` is what pretrain() does after startup."""
 
     def __init__(self, args: Namespace, model_provider: Callable, forward_step_func: Callable,
@@ -86,7 +85,8 @@ class Trainer:
         self.total_iterations = num_train_iterations(args)  # the log line's denominator
         self.train_iter: Iterator | None = None
         self.valid_iters = self.test_iters = None  # [(group name, iterator)] or None
-        self.memory_measured = None  # after the first iteration (see measure_memory)
+        # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
+        self.metrics = MetricsProcessor(args.run_config.logging, cache=args)
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, args)
 
@@ -104,14 +104,13 @@ class Trainer:
         cache_parameter_counts(args, self.counts)
         report = format_parameter_report(self.counts, args.model_shape, args.data_parallel_size,
                                          args.checkpoint_activations, args.activations_checkpoint_method,
-                                         args.checkpoint_num_layers)
+                                         args.checkpoint_num_layers, flops=args.flops_per_sample)
         for line in report:
             print_rank_0(line)
-        log_model_size(args, report)
+        self.metrics.log_model_size(report)
 
         optimizer = build_optimizer(model, args)
-        # --log-num-zeros-in-grad: counted in a pre-step hook (after the clipping hook)
-        self.zero_counter = ZeroCounter(optimizer, model, mpu) if args.log_num_zeros_in_grad else None
+        self.metrics.watch_optimizer(optimizer, model)  # --log-num-zeros-in-grad: after the clipping hook
         self.calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                                     args.data_parallel_size, args.rampup_batch_size)
         self.lr_scheduler = _build_lr_scheduler(optimizer, args)
@@ -131,7 +130,7 @@ class Trainer:
         self.engine = engine
         self.lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
         # predicted memory per rank, MFU peak; arms the first iteration's measurement
-        self.memory_probe = startup_report(engine, args)
+        self.metrics.startup_report(engine)
         self.lr_scheduler.step(0)
         self.hooks.on_build(self)
 
@@ -217,7 +216,7 @@ class Trainer:
             timers("interval-time").stop()
             stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss())
             self.measure_memory()  # once, after the first iteration: measured vs predicted memory
-            if self._should_log():
+            if self.metrics.should_log(self.progress.iteration):
                 self.log(stats, timers("interval-time").elapsed(), gbs)
                 stats = IntervalStats()
             if self._should_evaluate():
@@ -249,9 +248,6 @@ class Trainer:
         self._follow_batch_size(gbs)
         return True
 
-    def _should_log(self) -> bool:
-        return self.progress.iteration % self.args.log_interval == 0
-
     def _should_evaluate(self) -> bool:
         args = self.args
         return (self.valid_iters is not None and bool(args.eval_interval)
@@ -275,27 +271,20 @@ class Trainer:
 
     def log(self, stats: IntervalStats, elapsed: float, global_batch_size: int) -> None:
         """The iteration's log line and scalars, over the iterations `stats` adds up."""
-        args, engine = self.args, self.engine
         lr = self.lr_scheduler.get_lr()
-        values = dict(lr=lr, grad_norm=engine.get_global_grad_norm(), loss_scale=current_loss_scale(engine),
-                      global_batch_size=global_batch_size, total_iterations=self.total_iterations,
-                      params_norm=params_norm(engine.module, mpu) if args.log_params_norm else None,
-                      num_zeros=self.zero_counter.last if self.zero_counter else None)
+        values = self.metrics.step_values(self.engine)
         self.hooks.on_log_start(self, stats, lr)
         try:
-            training_log(stats, elapsed, self.progress, args, **values)
+            self.metrics.log_training(stats, elapsed, self.progress, lr=lr, global_batch_size=global_batch_size,
+                                      total_iterations=self.total_iterations, **values)
         finally:
             self.hooks.on_log_end(self)
-        if args.log_optimizer_states_to_tensorboard:
-            log_optimizer_states(optimizer_state_norms(engine, mpu), self.progress, args)
+        self.metrics.log_optimizer_states(self.engine, self.progress)  # --log-optimizer-states-to-tensorboard
 
     def measure_memory(self) -> list | None:
         """Once, after the first iteration: every rank measures what it holds, the last rank prints
-        it next to the prediction (megatron/memory_measure.py). Later calls do nothing."""
-        if self.memory_probe is not None:
-            probe, self.memory_probe = self.memory_probe, None
-            self.memory_measured = finish_memory_probe(probe, self.args)
-        return self.memory_measured
+        it next to the prediction (megatron/metrics/memory_measure.py). Later calls return the same."""
+        return self.metrics.measure_memory()
 
     # --- evaluate ------------------------------------------------------------------------------
 
@@ -319,7 +308,7 @@ class Trainer:
 
     def _log_evaluation(self, prefix: str, loss: float, name: str | None, tensorboard: bool = True) -> None:
         self.hooks.on_evaluate(self, prefix, name, loss)
-        evaluation_log(prefix, loss, self.progress, self.args, tensorboard=tensorboard, name=name)
+        self.metrics.log_evaluation(prefix, loss, self.progress, name=name, tensorboard=tensorboard)
 
     # --- checkpoint and end --------------------------------------------------------------------
 
@@ -344,7 +333,7 @@ class Trainer:
                 self.save()
             torch.distributed.barrier()
             print_rank_0(f"exiting program at iteration {progress.iteration}")
-        close_tensorboard_writer()
+        self.metrics.close()
 
 
 def _build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Namespace) -> AnnealingLR:

@@ -7,7 +7,6 @@ from argparse import Namespace
 from collections.abc import Callable
 
 from megatron import print_rank_0
-from megatron.global_vars import close_tensorboard_writer
 from megatron.initialize import initialize_megatron
 from megatron.trainer import Trainer, TrainerHooks, exit_signals
 from megatron.training_state import TrainingProgress
@@ -24,8 +23,8 @@ def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callab
     start = time.time()
     args = initialize_megatron(extra_args_provider, args_list)
     if exit_signals(start, args)[1]:  # BigScience: a kill switch present at startup ends the job at once
+        # no Trainer was built, so no metrics and no TensorBoard writer were opened: nothing to close
         print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
-        close_tensorboard_writer()
         return args, TrainingProgress()
     trainer = Trainer(args, model_provider, forward_step_func, hooks=hooks, start_time=start)
     trainer.run(train_valid_test_dataset_provider, batch_fn)

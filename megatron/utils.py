@@ -271,7 +271,7 @@ def compute_moe_parameter_counts(model: "torch.nn.Module", mpu: ModuleType,
 COUNT_CACHE = ("parameter_counts", "parameter_components", "parameter_stages", "parameters", "parameters_no_embedding",
                "parameters_in_billions", "parameters_in_billions_no_embedding", "parameters_active",
                "parameters_active_no_embedding", "parameters_active_in_billions",
-               "parameters_active_in_billions_no_embedding", "flops_per_sample")
+               "parameters_active_in_billions_no_embedding", "flops_per_sample", "model_flops_per_sample")
 
 
 def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespace:
@@ -290,8 +290,11 @@ def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespac
     args.parameters_active_no_embedding = counts.active_no_embedding
     args.parameters_active_in_billions = args.parameters_active / 1e9
     args.parameters_active_in_billions_no_embedding = args.parameters_active_no_embedding / 1e9
+    # the run's FLOPs per sample, here and nowhere else: with recompute (the log line's TFLOPs,
+    # hardware FLOPs as Megatron-DeepSpeed counts them) and without (the model's, for MFU)
     args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations,
                                              args.activations_checkpoint_method, args.checkpoint_num_layers)
+    args.model_flops_per_sample = flops_per_sample(args.model_shape, checkpoint_activations=False)
     return args
 
 
@@ -323,9 +326,11 @@ def parameter_count_mismatches(measured: ParameterCounts, shape: ModelShape) -> 
 
 def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_parallel_size: int | None = None,
                             checkpoint_activations: bool = False, checkpoint_method: str | None = None,
-                            checkpoint_num_layers: int = 1) -> list[str]:
+                            checkpoint_num_layers: int = 1, flops: int | None = None) -> list[str]:
     """The startup report, the same from the trainer (measured) and tools/param_count.py
-    (analytic). The first two lines keep Megatron-DeepSpeed's wording (scripts grep them)."""
+    (analytic). The first two lines keep Megatron-DeepSpeed's wording (scripts grep them).
+    `flops`: the FLOPs per sample for these recompute settings where the caller has them (the
+    trainer's cache, args.flops_per_sample); computed here otherwise."""
     tp, pp = shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size
     dp = f" DP={data_parallel_size}" if data_parallel_size else ""
     lines = [
@@ -346,7 +351,8 @@ def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_par
     if checkpoint_activations:
         recompute = (f", recompute of the first {checkpoint_num_layers} layer(s) of each stage"
                      if checkpoint_method == "block" else ", recompute")
-    flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers)
+    if flops is None:
+        flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers)
     lines.append(f"FLOPs per sample (model, fwd+bwd{recompute}): {flops:,}")
     return lines
 

@@ -6,7 +6,7 @@ $DRIVER_OUT/rank{R}.json:
   * our cached counts from args;
   * spies: torch.distributed collectives and Module.parameters()/named_parameters() calls made
     while the log line is written (between the Trainer's on_log_start and on_log_end hooks: the
-    call of megatron.training_log.training_log), and how often the count itself ran;
+    call of megatron.metrics.training_log.training_log), and how often the count itself ran;
   * with DRIVER_INF_GRAD_AT=N: iteration N's gradients are made infinite (a forced overflow, as an
     fp16 loss scale that is too high produces), for the engine's own overflow check to catch;
   * each logged iteration's learning rate and consumed tokens, and each evaluation's (prefix, group

@@ -1,4 +1,4 @@
-"""The fp16 memory rows (megatron/memory.py, ZeRO 0) against DeepSpeed's own allocation.
+"""The fp16 memory rows (megatron/metrics/memory.py, ZeRO 0) against DeepSpeed's own allocation.
 
 DeepSpeed's engine refuses fp16 on this CPU ("Type fp16 is not supported on your device"), so no
 step can run; but its fp16 optimizer wrappers build on CPU, and building one is what allocates
@@ -58,7 +58,7 @@ def deepspeed_fp16():
 
 
 def _predicted(fused):
-    from megatron.memory import TrainingSetup, predict_memory
+    from megatron.metrics.memory import TrainingSetup, predict_memory
     shape = tiny_config().shape
     [rank] = predict_memory(shape, TrainingSetup(precision="fp16", pipeline=False, fused_adam=fused))
     return rank

@@ -4,14 +4,19 @@ runs, but mostly compare them with other numbers the same run printed; here each
 out: the interval's mean loss without the skipped iteration, samples / tokens per second, per
 replica, TFLOPs per GPU, MFU, the validation perplexity exp(min(20, loss)) and the mean over
 --eval-iters batches."""
+import dataclasses
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from megatron import global_vars
-from megatron.training_log import IntervalStats, evaluation_log, training_log
+from megatron.metrics.config import LoggingConfig
+from megatron.metrics.memory import TrainingSetup
+from megatron.metrics.mfu import MfuSettings
+from megatron.metrics.processor import MetricsProcessor
+from megatron.metrics.training_log import IntervalStats
+from megatron.model.shape import ModelShape
 
 
 class Recorder:
@@ -27,29 +32,36 @@ class Recorder:
         pass
 
 
-@pytest.fixture
-def writer(monkeypatch):
-    recorder = Recorder()
-    monkeypatch.setattr(global_vars, "_GLOBAL_TENSORBOARD_WRITER", recorder)
-    return recorder
-
-
 # 4 ranks, DP 2, seq 32, 1e12 FLOPs per sample with recompute, 5e11 without, a 1 TFLOP/s peak
-ARGS = SimpleNamespace(flops_per_sample=1e12, model_flops_per_sample=5e11, peak_tflops_per_device=1.0,
-                       world_size=4, data_parallel_size=2, seq_length=32,
+CONFIG = LoggingConfig(log_interval=1, tensorboard_dir=None, tensorboard_queue_size=1, writes_tensorboard=False,
                        log_batch_size_to_tensorboard=True, log_timers_to_tensorboard=True,
-                       log_validation_ppl_to_tensorboard=True)
+                       log_validation_ppl_to_tensorboard=True, log_params_norm=False, log_num_zeros_in_grad=False,
+                       log_optimizer_states_to_tensorboard=False, world_size=4, data_parallel_size=2, seq_length=32,
+                       model_shape=ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32),
+                       memory=TrainingSetup(), mfu=MfuSettings(peak_tflops_per_device=1.0, reason="a 1 TFLOP/s peak"))
+CACHE = SimpleNamespace(flops_per_sample=1e12, model_flops_per_sample=5e11)  # what megatron/utils.py caches on args
+
+
+@pytest.fixture
+def writer():
+    return Recorder()
+
+
+@pytest.fixture
+def metrics(writer):
+    """The run's metrics object, writing into the recorder instead of a SummaryWriter."""
+    return MetricsProcessor(CONFIG, cache=CACHE, writer=writer)
 PROGRESS = SimpleNamespace(iteration=12, consumed_train_samples=96, consumed_train_tokens=96 * 32,
                            gigaflos_no_embeds=7.5)
 
 
-def test_training_line_and_scalars_by_hand(writer, capsys):
+def test_training_line_and_scalars_by_hand(metrics, writer, capsys):
     stats = IntervalStats()
     stats.add(torch.tensor(2.0), samples=8, applied=True)
     stats.add(torch.tensor(100.0), samples=8, applied=False)  # an overflow step: its loss is not the model's
     stats.add(torch.tensor(4.0), samples=8, applied=True)
-    training_log(stats, elapsed=2.0, lr=3e-4, grad_norm=torch.tensor(1.25), loss_scale=None, global_batch_size=8,
-                 progress=PROGRESS, args=ARGS, total_iterations=100)
+    metrics.log_training(stats, elapsed=2.0, lr=3e-4, grad_norm=torch.tensor(1.25), loss_scale=None,
+                         global_batch_size=8, progress=PROGRESS, total_iterations=100)
     line = capsys.readouterr().out
     # 24 samples in 2 s: 12 samples/s, 384 tokens/s, per replica (DP 2) 6 and 192;
     # TFLOPs per GPU 1e12 x 24 / (2 s x 4 ranks) / 1e12 = 3; MFU 5e11 x 24 / 2 / 4 / 1e12 = 150 %
@@ -78,15 +90,34 @@ def test_training_line_and_scalars_by_hand(writer, capsys):
 
 
 @pytest.mark.parametrize("loss,ppl", [(2.5, 12.182493960703473), (25.0, math.e ** 20)])
-def test_validation_line_and_perplexity_by_hand(writer, capsys, loss, ppl):
+def test_validation_line_and_perplexity_by_hand(metrics, writer, capsys, loss, ppl):
     """exp(2.5) = 12.18249396...; a loss above 20 is capped at exp(20) (Megatron's overflow guard)."""
-    evaluation_log("iteration 12", loss, PROGRESS, ARGS)
+    metrics.log_evaluation("iteration 12", loss, PROGRESS)
     out = capsys.readouterr().out
     assert f" validation loss at iteration 12 | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |" in out
     s = writer.scalars
     assert s["lm-loss-validation/lm loss validation"] == {12: loss}
     assert s["lm-loss-validation/lm loss validation ppl"] == {12: pytest.approx(ppl, rel=1e-6)}
     assert s["lm-loss-validation/lm loss validation ppl vs samples"] == {96: pytest.approx(ppl, rel=1e-6)}
+
+
+def test_metrics_owns_its_writer_and_decides_when_to_log(tmp_path):
+    """With --tensorboard-dir on the writing rank, the MetricsProcessor opens a real SummaryWriter
+    and closing it leaves the scalars in an event file; a rank that does not write opens none;
+    should_log follows --log-interval."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    config = dataclasses.replace(CONFIG, log_interval=5, tensorboard_dir=str(tmp_path / "tb"), writes_tensorboard=True)
+    metrics = MetricsProcessor(config, cache=CACHE)
+    assert [i for i in range(1, 16) if metrics.should_log(i)] == [5, 10, 15]
+    metrics.log_evaluation("iteration 12", 2.5, PROGRESS)
+    metrics.close()
+    metrics.close()  # the run's end and an early exit may both close it: the second does nothing
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("lm-loss-validation/lm loss validation")] == [(12, 2.5)]
+    quiet = dataclasses.replace(config, tensorboard_dir=str(tmp_path / "quiet"), writes_tensorboard=False)
+    MetricsProcessor(quiet, cache=CACHE).close()
+    assert not (tmp_path / "quiet").exists()
 
 
 def test_evaluation_is_the_mean_over_eval_iters():

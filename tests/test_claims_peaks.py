@@ -1,9 +1,9 @@
 """Every dense peak of the MFU table (TFLOP/s of one device, without structured sparsity), written
-out here per device and dtype as megatron/mfu.py cites the vendors' datasheets, so that a changed
+out here per device and dtype as megatron/metrics/mfu.py cites the vendors' datasheets, so that a changed
 or mistyped number, or a dtype that goes missing, fails; tests/test_mfu.py checks one dtype each."""
 import pytest
 
-from megatron.mfu import lookup_peak_tflops
+from megatron.metrics.mfu import lookup_peak_tflops
 
 DATASHEETS = [  # (CUDA device name, entry, {dtype: dense TFLOP/s})
     ("NVIDIA H100 PCIe", "H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),

@@ -21,7 +21,7 @@ def _zero1_partitions():
 
 
 def test_zero1_partitions_pad_to_twice_the_data_parallel_size():
-    from megatron.memory import HeldParameter, TrainingSetup, model_state_bytes
+    from megatron.metrics.memory import HeldParameter, TrainingSetup, model_state_bytes
     ranks = run_distributed(2, _zero1_partitions, timeout=180)
     # by hand: 14 -> 16 (a multiple of 2 x DP = 4), 8 per rank; 2 -> 4, 2 per rank
     assert ranks == [[8, 2], [8, 2]]

@@ -184,8 +184,7 @@ def _one_logged_iteration(tensorboard_dir):
     with contextlib.redirect_stdout(out):
         stop = trainer.train()
     norm = float(torch.cat([p.detach().double().flatten() for p in model.parameters()]).norm())
-    from megatron.global_vars import close_tensorboard_writer
-    close_tensorboard_writer()
+    trainer.metrics.close()
     return {"stop": stop, "out": out.getvalue(), "zeros": zeros, "norm": norm}
 
 

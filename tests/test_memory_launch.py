@@ -5,7 +5,7 @@ import re
 
 from launcher import TINY, launch
 
-from megatron.memory import TrainingSetup, predict_memory
+from megatron.metrics.memory import TrainingSetup, predict_memory
 from megatron.model.analytic import flops_per_sample
 from megatron.model.shape import ModelShape
 
@@ -52,3 +52,5 @@ def test_launch_prints_memory_report_and_mfu(tmp_path):
     assert len(mfu) == ITERS
     for m, s in zip(mfu, sps, strict=True):
         assert abs(m - model_flops * s / 2 / (PEAK * 1e12)) <= 1e-6 * m
+    # one writer, the last rank's (it sees the loss under pipeline parallelism): one event file
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1

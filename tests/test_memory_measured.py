@@ -1,4 +1,4 @@
-"""Memory per rank: the prediction from the config (megatron/memory.py) equals, byte for byte,
+"""Memory per rank: the prediction from the config (megatron/metrics/memory.py) equals, byte for byte,
 what real DeepSpeed engines built by Trainer.setup_model_and_optimizer hold after their first
 iteration (weights, gradients at the optimizer step, optimizer state), on real gloo ranks;
 activations (an estimate) are within 5% of the bytes autograd saved for backward (in these
@@ -26,6 +26,7 @@ def _first_iteration(flags):
     from megatron import initialize
     from megatron.arguments import parse_args, validate_args
     from megatron.global_vars import set_args
+    from megatron.run_config import ResumePlan, RunConfig, freeze_args
     from megatron.training import Trainer
 
     args = parse_args(args_list=FLAGS + flags)
@@ -33,6 +34,7 @@ def _first_iteration(flags):
     args.rank = dist.get_rank()
     set_args(args)
     initialize._build_tokenizer(args)
+    args = freeze_args(args, RunConfig.from_args(args, ResumePlan()))  # as initialize_megatron ends
     trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
     g = torch.Generator().manual_seed(args.rank)
     batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})

@@ -1,16 +1,19 @@
 """MFU: the peak table lookup and the formula (model FLOPs without recompute / time / world / peak)."""
+from argparse import Namespace
+
 import pytest
 
-from megatron.mfu import (
+from megatron.metrics.mfu import (
     PEAK_TFLOPS,
-    configure_mfu,
     interval_mfu,
     lookup_peak_tflops,
     model_flops_utilization,
+    resolve_mfu,
     resolve_peak_tflops,
 )
-from megatron.model.analytic import flops_per_sample
+from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
+from megatron.utils import cache_parameter_counts
 
 
 @pytest.mark.parametrize("name,dtype,peak,entry", [
@@ -39,25 +42,28 @@ def test_unknown_devices_and_dtypes_give_no_peak_and_say_why():
 
 
 def test_formula_uses_model_flops_without_recompute():
-    class Args:
-        fp16 = bf16 = False
-        peak_tflops = 2.0
-        world_size = 4
-        checkpoint_activations = True
-        model_shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600)
-    args = Args()
-    assert "--peak-tflops 2" in configure_mfu(args, device_name="cpu")
+    """The model FLOPs per sample are cached on args with the parameter counts (megatron/utils.py,
+    once the model is built), without the recompute pass that args.flops_per_sample includes."""
+    shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600)
+    args = Namespace(model_shape=shape, checkpoint_activations=True, activations_checkpoint_method="uniform",
+                     checkpoint_num_layers=1)
+    cache_parameter_counts(args, analytic_parameter_counts(shape))
+    settings = resolve_mfu("fp32", 2.0, device_name="cpu")
+    assert "--peak-tflops 2" in settings.reason
     # s=32, h=64, f=256, L=2, V=640: 3 x 2 x (8sh^2 + 4s^2h + 4shf) + 6shV, no recompute pass
     s, h, f, v = 32, 64, 256, 640
     model_flops = 3 * 2 * (8 * s * h * h + 4 * s * s * h + 4 * s * h * f) + 6 * s * h * v
     assert args.model_flops_per_sample == model_flops == flops_per_sample(args.model_shape, False)
-    assert model_flops < flops_per_sample(args.model_shape, True)
-    mfu = interval_mfu(samples=80, elapsed=0.5, args=args)
+    assert model_flops < flops_per_sample(args.model_shape, True) == args.flops_per_sample
+    mfu = interval_mfu(args.model_flops_per_sample, samples=80, elapsed=0.5, world_size=4,
+                       peak_tflops=settings.peak_tflops_per_device)
     assert mfu == model_flops * 80 / 0.5 / 4 / 2e12
     assert model_flops_utilization(model_flops, 80, 0.5, 4, 2.0) == mfu
-    args.peak_tflops = None
-    configure_mfu(args, device_name="NVIDIA GeForce RTX 4090")
-    assert interval_mfu(80, 0.5, args) is None
+    settings = resolve_mfu("fp32", None, device_name="NVIDIA GeForce RTX 4090")
+    assert interval_mfu(model_flops, 80, 0.5, 4, settings.peak_tflops_per_device) is None
+    # the training dtype picks the column: bf16 on an A100 is 312, fp32 without TF32 19.5
+    assert resolve_mfu("bf16", None, device_name="NVIDIA A100-SXM4-80GB").peak_tflops_per_device == 312.0
+    assert resolve_mfu("fp32", None, device_name="NVIDIA A100-SXM4-80GB").peak_tflops_per_device == 19.5
 
 
 @pytest.mark.parametrize("value", ["0", "-5"])

@@ -367,7 +367,7 @@ def _optimizer_states(zero_stage):
     import pretrain_gpt
     from megatron import mpu
     from megatron.initialize import initialize_megatron
-    from megatron.optimizer_states import optimizer_state_norms
+    from megatron.metrics.optimizer_states import optimizer_state_norms
     from megatron.training import Trainer
 
     argv = [str(f) for f in STEP[:STEP.index("--optimizer")] + STEP[STEP.index("--weight-decay"):]]

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from megatron import arguments, fork_features
-from megatron.memory import TrainingSetup, format_memory_report
+from megatron.metrics.memory import TrainingSetup, format_memory_report
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ConfigError, ModelShape, require
 from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
@@ -85,6 +85,8 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
 def report(args: argparse.Namespace) -> list[str]:
     shape = args.model_shape
     counts = analytic_parameter_counts(shape)
+    flops = flops_per_sample(shape, args.checkpoint_activations, args.activations_checkpoint_method,
+                             args.checkpoint_num_layers)
     lines = [
         f"parameters: {counts.total:,}",
         f"parameters without embeddings: {counts.no_embedding:,}",
@@ -95,10 +97,8 @@ def report(args: argparse.Namespace) -> list[str]:
            f"multiple of {shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})"),
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
                                 checkpoint_method=args.activations_checkpoint_method,
-                                checkpoint_num_layers=args.checkpoint_num_layers)
+                                checkpoint_num_layers=args.checkpoint_num_layers, flops=flops)
     if args.global_batch_size:
-        flops = flops_per_sample(shape, args.checkpoint_activations, args.activations_checkpoint_method,
-                                 args.checkpoint_num_layers)
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
     return lines + format_memory_report(shape, args.memory_setup)
 

@@ -10,14 +10,14 @@ bf16 optimizer), so each partition counts once. SGD keeps no moments: nothing is
 from __future__ import annotations
 
 import math
-from argparse import Namespace
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from megatron.deepspeed_internals import state_partitioned_over_data_parallel, torch_optimizer_of
+from megatron.metrics.training_log import write_group
 
 if TYPE_CHECKING:  # annotations only
     from deepspeed import DeepSpeedEngine
@@ -59,8 +59,6 @@ def optimizer_state_norms(engine: DeepSpeedEngine, mpu: ModuleType) -> dict[str,
     return out
 
 
-def log_optimizer_states(values: dict[str, float], progress: TrainingProgress, args: Namespace) -> None:
-    from megatron.training_log import _write_group, _writer
-    writer = _writer()
+def log_optimizer_states(writer: Any, values: dict[str, float], progress: TrainingProgress) -> None:
     for name, value in values.items():
-        _write_group(writer, f"optimizer/{name}", value, progress, args, axes=("iteration", "tokens"))
+        write_group(writer, f"optimizer/{name}", value, progress, axes=("iteration", "tokens"))

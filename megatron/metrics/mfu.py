@@ -3,13 +3,12 @@ device's dense peak.
 
 TFLOPs in the log line keep Megatron-DeepSpeed's meaning (recompute included: hardware FLOPs);
 MFU counts only the model's FLOPs, `flops_per_sample(shape, checkpoint_activations=False)`, so
-runs with and without activation checkpointing, and other trainers, compare on one scale.
+runs with and without activation checkpointing, and other trainers, compare on one scale. Both
+FLOPs per sample are computed once, when the model is built, and cached on `args` with the
+parameter counts (megatron/utils.py: `flops_per_sample`, `model_flops_per_sample`); here are the
+device's peak and the formula.
 """
-from argparse import Namespace
 from dataclasses import dataclass
-
-from megatron.model.analytic import flops_per_sample
-from megatron.model.shape import ModelShape
 
 # Dense (no structured sparsity) peak TFLOP/s of one device, from the vendors' datasheets:
 #   A100 (SXM and PCIe, 40/80 GB): NVIDIA A100 Tensor Core GPU datasheet
@@ -59,10 +58,6 @@ def resolve_peak_tflops(peak_flag: float | None, device_name: str | None, dtype:
     return peak, f"MFU against the {entry} dense {dtype} peak, {peak:g} TFLOP/s per device"
 
 
-def model_flops_per_sample(shape: ModelShape) -> int:
-    return flops_per_sample(shape, checkpoint_activations=False)
-
-
 def model_flops_utilization(model_flops_per_sample: float, samples: int, elapsed: float, world_size: int,
                             peak_tflops: float) -> float:
     """MFU = model FLOPs (no recompute) x samples / time / world size / peak."""
@@ -71,45 +66,28 @@ def model_flops_utilization(model_flops_per_sample: float, samples: int, elapsed
 
 @dataclass(frozen=True)
 class MfuSettings:
-    model_flops_per_sample: int
     peak_tflops_per_device: float | None  # None: no MFU (reason says why)
     reason: str                           # the startup line: which peak MFU is measured against
 
 
-def resolve_mfu(args: Namespace, device_name: str | None = None) -> MfuSettings:
-    """The model FLOPs per sample and the device's peak (--peak-tflops, or the table for the CUDA
-    device this rank uses)."""
+def resolve_mfu(precision: str, peak_tflops: float | None, device_name: str | None = None) -> MfuSettings:
+    """The device's peak for the training precision (fp16, bf16, fp32): --peak-tflops, or the
+    table for the CUDA device this rank uses (fp32 matmuls on TF32 when torch allows them).
+    Resolved once, for the run configuration's logging section."""
     if device_name is None:
         import torch
         device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         tf32 = device_name is not None and torch.backends.cuda.matmul.allow_tf32
     else:
         tf32 = False
-    dtype = "fp16" if args.fp16 else ("bf16" if args.bf16 else ("tf32" if tf32 else "fp32"))
-    peak, why = resolve_peak_tflops(args.peak_tflops, device_name, dtype)
-    return MfuSettings(model_flops_per_sample(args.model_shape), peak, why)
+    dtype = "tf32" if precision == "fp32" and tf32 else precision
+    peak, why = resolve_peak_tflops(peak_tflops, device_name, dtype)
+    return MfuSettings(peak, why)
 
 
-def configure_mfu(args: Namespace, device_name: str | None = None) -> str:
-    """The line saying which peak MFU is measured against. initialize_megatron resolves it once
-    (args.run_config.mfu) and caches args.model_flops_per_sample / args.peak_tflops_per_device
-    before args is frozen; args built without it (tests, tools) get both cached here."""
-    run_config = getattr(args, "run_config", None)
-    if run_config is not None and device_name is None:
-        return run_config.mfu.reason
-    settings = resolve_mfu(args, device_name)
-    cache_mfu(args, settings)
-    return settings.reason
-
-
-def cache_mfu(args: Namespace, settings: MfuSettings) -> None:
-    args.model_flops_per_sample = settings.model_flops_per_sample
-    args.peak_tflops_per_device = settings.peak_tflops_per_device
-
-
-def interval_mfu(samples: int, elapsed: float, args: Namespace) -> float | None:
-    """The logger's MFU over an interval, or None without a peak (configure_mfu said why)."""
-    peak = getattr(args, "peak_tflops_per_device", None)
-    if peak is None:
+def interval_mfu(model_flops_per_sample: float, samples: int, elapsed: float, world_size: int,
+                 peak_tflops: float | None) -> float | None:
+    """The logger's MFU over an interval, or None without a peak (MfuSettings.reason says why)."""
+    if peak_tflops is None:
         return None
-    return model_flops_utilization(args.model_flops_per_sample, samples, elapsed, args.world_size, peak)
+    return model_flops_utilization(model_flops_per_sample, samples, elapsed, world_size, peak_tflops)

@@ -1,7 +1,7 @@
 """Memory per rank from the config alone (torch-free): weights, gradients and optimizer state,
 exactly as this trainer and DeepSpeed 0.19.8 allocate them, and an activation estimate.
 
-Definitions (what megatron/memory_measure.py measures, tensor storage bytes, shared storage once):
+Definitions (what megatron/metrics/memory_measure.py measures, tensor storage bytes, shared storage once):
   weights    the storage behind the model's parameters (DeepSpeed's flat buffers where it flattens);
   gradients  what is held when the optimizer step starts (after backward and the DP reduction);
   optimizer  what the optimizer holds after its first step: fp32 master copies that are not the

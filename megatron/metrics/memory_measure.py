@@ -1,5 +1,5 @@
 """What each rank really holds, measured once over the first iteration and printed by the last
-rank next to the prediction of megatron/memory.py.
+rank next to the prediction of megatron/metrics/memory.py.
 
 Bytes are storage sizes, each storage once (a parameter that is a view of a DeepSpeed flat
 buffer counts the whole buffer, padding included):
@@ -16,15 +16,17 @@ With fp16's dynamic loss scale the first steps usually overflow and are skipped:
 state does not exist yet after iteration 1 and the report shows a MISMATCH for it (use bf16, or
 a static --loss-scale, to check it).
 """
-from argparse import Namespace
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from megatron import mpu, print_rank_last
+from megatron import mpu, print_rank_0, print_rank_last
 from megatron.deepspeed_internals import basic_optimizer, call_once_before_step, gradient_holders
-from megatron.memory import TrainingSetup, format_memory_report, predict_memory
+from megatron.metrics.config import LoggingConfig
+from megatron.metrics.memory import TrainingSetup, format_memory_report, predict_memory
+from megatron.model.shape import ModelShape
 
 FIELDS = ("weights", "gradients", "optimizer", "activations")
 
@@ -172,13 +174,14 @@ def start_memory_probe(engine: Any, setup: TrainingSetup) -> MemoryProbe:  # eng
     return MemoryProbe(engine, setup)
 
 
-def training_setup(args: Namespace, engine: Any) -> TrainingSetup:  # engine: the DeepSpeed engine
-    """The setup the prediction needs; fused Adam is read off the optimizer the engine got."""
+def training_setup(setup: TrainingSetup, engine: Any) -> TrainingSetup:  # engine: the DeepSpeed engine
+    """The configured setup (LoggingConfig.memory) with fused Adam read off the optimizer the
+    engine got."""
     basic = basic_optimizer(engine)
-    return TrainingSetup.from_args(args, fused_adam=type(basic).__name__ == "FusedAdam")
+    return dataclasses.replace(setup, fused_adam=type(basic).__name__ == "FusedAdam")
 
 
-def finish_memory_probe(probe: MemoryProbe, args: Namespace) -> list[tuple]:
+def finish_memory_probe(probe: MemoryProbe, shape: ModelShape) -> list[tuple]:
     """Every rank measures; the last rank prints measured next to predicted for every rank.
     Returns [(rank, stage, tp rank, dp rank, predicted RankMemory, measured dict)] on every rank."""
     measured = probe.measure()
@@ -187,7 +190,7 @@ def finish_memory_probe(probe: MemoryProbe, args: Namespace) -> list[tuple]:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     rows = [torch.zeros(len(me), dtype=torch.int64, device=device) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(rows, torch.tensor(me, dtype=torch.int64, device=device))
-    shape, setup = args.model_shape, probe.setup
+    setup = probe.setup
     predicted = {(r.stage, r.dp_rank): r for r in predict_memory(shape, setup)}
     result = []
     for row in rows:
@@ -218,15 +221,13 @@ def format_comparison(result: list[tuple], cuda: bool = False) -> list[str]:
     return lines
 
 
-def startup_report(engine: Any, args: Namespace) -> MemoryProbe:  # engine: the DeepSpeed engine
+def startup_report(engine: Any, config: LoggingConfig) -> MemoryProbe:  # engine: the DeepSpeed engine
     """At startup, once the engine is built: the predicted memory table and the peak MFU is
     measured against (rank 0); then arm the measurement of the first iteration: returns the
     probe, for `finish_memory_probe` after it."""
-    from megatron import print_rank_0
-    from megatron.mfu import configure_mfu
-    setup = training_setup(args, engine)
-    for line in format_memory_report(args.model_shape, setup):
+    setup = training_setup(config.memory, engine)
+    for line in format_memory_report(config.model_shape, setup):
         print_rank_0(line)
-    print_rank_0(configure_mfu(args))
+    print_rank_0(config.mfu.reason)
     return start_memory_probe(engine, setup)
 

@@ -1,7 +1,9 @@
 """The per-iteration log line and TensorBoard scalars (Megatron-DeepSpeed tag names).
 
-Everything here reads cached numbers (args.parameters*, args.flops_per_sample) and plain values
-the training loop hands over: no collective, no walk over the model's parameters, no engine."""
+Everything here reads the run's LoggingConfig, the numbers cached on `args` when the model was
+built (`cache`: args.parameters*, args.flops_per_sample, args.model_flops_per_sample) and plain
+values the training loop hands over: no collective, no walk over the model's parameters, no
+engine. `writer`: the SummaryWriter the MetricsProcessor owns, or a NoWriter."""
 import math
 from argparse import Namespace
 from dataclasses import dataclass
@@ -10,12 +12,12 @@ from typing import Any
 import torch
 
 from megatron import print_rank_last
-from megatron.global_vars import get_tensorboard_writer
-from megatron.mfu import interval_mfu
+from megatron.metrics.config import LoggingConfig
+from megatron.metrics.mfu import interval_mfu
 from megatron.training_state import TrainingProgress
 
 
-class _NoWriter:
+class NoWriter:
     """Stands in for the SummaryWriter on ranks (or runs) that write no TensorBoard."""
 
     def add_scalar(self, *args: Any, **kwargs: Any) -> None:
@@ -24,12 +26,12 @@ class _NoWriter:
     def add_text(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def close(self) -> None:
+        pass
 
-def _writer():
-    return get_tensorboard_writer() or _NoWriter()
 
-
-def _write_group(writer, tag, value, progress, args, axes=("iteration", "samples", "tokens", "gigaflos")):
+def write_group(writer: Any, tag: str, value: float, progress: TrainingProgress,
+                axes: tuple[str, ...] = ("iteration", "samples", "tokens", "gigaflos")) -> None:
     """Megatron-DeepSpeed's tag group: `tag` against iterations, and `tag vs samples`,
     `tag vs tokens`, `tag vs gigaflos (without embeddings)` for the scaling-law x axes."""
     x = {"iteration": ("", progress.iteration),
@@ -41,16 +43,15 @@ def _write_group(writer, tag, value, progress, args, axes=("iteration", "samples
         writer.add_scalar(tag + suffix, value, step)
 
 
-def log_model_size(args: Namespace, report_lines: list[str]) -> None:
+def log_model_size(writer: Any, cache: Namespace, is_moe: bool, report_lines: list[str]) -> None:
     """Once, at step 0, for the arch-and-scaling dashboards. TensorBoard stores scalars as float32,
     exact only below 2^24 (16.7M): the scalars are for plotting, and the exact integers (the
     startup report's table) go next to them as a text summary."""
-    writer = _writer()
-    writer.add_scalar("model/parameters", args.parameters, 0)
-    writer.add_scalar("model/parameters without embeddings", args.parameters_no_embedding, 0)
-    if args.model_shape.is_moe:  # the parameters a token passes through (top-k experts)
-        writer.add_scalar("model/parameters active", args.parameters_active, 0)
-        writer.add_scalar("model/parameters active without embeddings", args.parameters_active_no_embedding, 0)
+    writer.add_scalar("model/parameters", cache.parameters, 0)
+    writer.add_scalar("model/parameters without embeddings", cache.parameters_no_embedding, 0)
+    if is_moe:  # the parameters a token passes through (top-k experts)
+        writer.add_scalar("model/parameters active", cache.parameters_active, 0)
+        writer.add_scalar("model/parameters active without embeddings", cache.parameters_active_no_embedding, 0)
     # indented: TensorBoard renders text as markdown, and a code block keeps the table's columns
     writer.add_text("model/parameters (exact)", "\n".join("    " + line for line in report_lines), 0)
 
@@ -85,43 +86,45 @@ class IntervalStats:
         return None if self.moe_loss is None else float(self.moe_loss) / max(1, self.applied)
 
 
-def throughput(samples: int, elapsed: float, args: Namespace) -> tuple[float, float, float]:
+def throughput(samples: int, elapsed: float, flops_per_sample: float, world_size: int,
+               seq_length: int) -> tuple[float, float, float]:
     """(samples/s, tokens/s, TFLOPs per GPU) over a logging interval of `samples` samples."""
     samples_per_second = samples / elapsed
-    tflops = args.flops_per_sample * samples / (elapsed * args.world_size * 1e12)
-    return samples_per_second, samples_per_second * args.seq_length, tflops
+    tflops = flops_per_sample * samples / (elapsed * world_size * 1e12)
+    return samples_per_second, samples_per_second * seq_length, tflops
 
 
-def training_log(stats: IntervalStats, elapsed: float, progress: TrainingProgress, args: Namespace, *, lr: float,
-                 grad_norm: float | torch.Tensor | None, loss_scale: float | None, global_batch_size: int,
-                 total_iterations: int, params_norm: float | None = None, num_zeros: int | None = None) -> None:
+def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: IntervalStats, elapsed: float,
+                 progress: TrainingProgress, *, lr: float, grad_norm: float | torch.Tensor | None,
+                 loss_scale: float | None, global_batch_size: int, total_iterations: int,
+                 params_norm: float | None = None, num_zeros: int | None = None) -> None:
     """The line over `stats`' iterations, `elapsed` seconds of training steps; total_iterations:
     the run's length (the Trainer's); params_norm / num_zeros: --log-params-norm /
     --log-num-zeros-in-grad (the fork's tags and fields)."""
     loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
-    samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, args)
-    mfu = interval_mfu(stats.samples, elapsed, args)  # None without a known peak
-    dp, it = args.data_parallel_size, progress.iteration
+    samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, cache.flops_per_sample,
+                                                               config.world_size, config.seq_length)
+    mfu = interval_mfu(cache.model_flops_per_sample, stats.samples, elapsed, config.world_size,
+                       config.mfu.peak_tflops_per_device)  # None without a known peak
+    dp, it = config.data_parallel_size, progress.iteration
 
-    writer = _writer()
-    _write_group(writer, "learning-rate/learning-rate", lr, progress, args, axes=("iteration", "samples", "tokens"))
-    if args.log_batch_size_to_tensorboard:
-        _write_group(writer, "batch-size/batch-size", global_batch_size, progress, args, axes=("iteration", "samples"))
-    _write_group(writer, "lm-loss-training/lm loss", loss, progress, args)
+    write_group(writer, "learning-rate/learning-rate", lr, progress, axes=("iteration", "samples", "tokens"))
+    if config.log_batch_size_to_tensorboard:
+        write_group(writer, "batch-size/batch-size", global_batch_size, progress, axes=("iteration", "samples"))
+    write_group(writer, "lm-loss-training/lm loss", loss, progress)
     moe_loss = stats.mean_moe_loss()
     if moe_loss is not None:
-        _write_group(writer, "lm-loss-training/moe loss", moe_loss, progress, args)
+        write_group(writer, "lm-loss-training/moe loss", moe_loss, progress)
     if loss_scale is not None:
         writer.add_scalar("loss-scale/loss-scale", loss_scale, it)
     if grad_norm is not None:
         writer.add_scalar("grad-norm/grad-norm", grad_norm, it)
     if num_zeros is not None:
-        _write_group(writer, "num-zeros/num-zeros", num_zeros, progress, args, axes=("iteration", "samples", "tokens"))
+        write_group(writer, "num-zeros/num-zeros", num_zeros, progress, axes=("iteration", "samples", "tokens"))
     if params_norm is not None:
-        _write_group(writer, "params-norm/params-norm", params_norm, progress, args,
-                     axes=("iteration", "samples", "tokens"))
-    if args.log_timers_to_tensorboard:
+        write_group(writer, "params-norm/params-norm", params_norm, progress, axes=("iteration", "samples", "tokens"))
+    if config.log_timers_to_tensorboard:
         writer.add_scalar("iteration-time/iteration-time", elapsed / stats.iterations, it)
     writer.add_scalar("iteration-time/samples per second", samples_per_second, it)
     writer.add_scalar("iteration-time/samples per second per replica", samples_per_second / dp, it)
@@ -155,18 +158,17 @@ def training_log(stats: IntervalStats, elapsed: float, progress: TrainingProgres
     print_rank_last(line)
 
 
-def evaluation_log(prefix: str, loss: float, progress: TrainingProgress, args: Namespace, tensorboard: bool = True,
-                   name: str | None = None) -> None:
+def evaluation_log(writer: Any, config: LoggingConfig, prefix: str, loss: float, progress: TrainingProgress,
+                   tensorboard: bool = True, name: str | None = None) -> None:
     """One evaluation's line and scalars; `name`: a --valid-weighted-split-paths group, whose line
     and tags carry it as BigScience's fork names them (`NAME loss at ...`,
     `lm-loss-validation/NAME/lm loss validation`)."""
     ppl = math.exp(min(20.0, loss))
     if tensorboard:
-        writer = _writer()
         group = "lm-loss-validation" if name is None else f"lm-loss-validation/{name}"
-        _write_group(writer, f"{group}/lm loss validation", loss, progress, args)
-        if args.log_validation_ppl_to_tensorboard:
-            _write_group(writer, f"{group}/lm loss validation ppl", ppl, progress, args)
+        write_group(writer, f"{group}/lm loss validation", loss, progress)
+        if config.log_validation_ppl_to_tensorboard:
+            write_group(writer, f"{group}/lm loss validation ppl", ppl, progress)
     bar = "-" * 100
     what = "validation loss" if name is None else f"{name} loss"
     print_rank_last(f"{bar}\n {what} at {prefix} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"

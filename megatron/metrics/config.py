@@ -1,0 +1,47 @@
+"""The metrics component's section of the run configuration (torch-free): everything the log line,
+the TensorBoard scalars, the memory report and MFU read, built once from the flags at the end of
+initialize_megatron (RunConfig.from_args) and frozen. The parameter counts and FLOPs per sample
+are not here: they are known once the model is built, and the mission caches them on `args`
+(megatron/utils.py), where the logger reads them."""
+from argparse import Namespace
+from dataclasses import dataclass
+
+from megatron.metrics.memory import TrainingSetup
+from megatron.metrics.mfu import MfuSettings, resolve_mfu
+from megatron.model.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_interval: int
+    tensorboard_dir: str | None
+    tensorboard_queue_size: int
+    writes_tensorboard: bool  # --tensorboard-dir and this is the last rank (it sees the loss under PP)
+    log_batch_size_to_tensorboard: bool
+    log_timers_to_tensorboard: bool
+    log_validation_ppl_to_tensorboard: bool
+    log_params_norm: bool
+    log_num_zeros_in_grad: bool
+    log_optimizer_states_to_tensorboard: bool
+    world_size: int          # TFLOPs and MFU are per device
+    data_parallel_size: int  # the per-replica rates
+    seq_length: int          # tokens per sample
+    model_shape: ModelShape  # MoE's extra scalars; what the memory prediction is for
+    memory: TrainingSetup    # what the memory prediction is made for, without the engine's fused Adam
+    mfu: MfuSettings         # the device's peak and the startup line naming it
+
+    @classmethod
+    def from_args(cls, args: Namespace) -> "LoggingConfig":
+        """From validated flags (the device's peak for MFU: --peak-tflops, or a CUDA query)."""
+        precision = "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
+        return cls(log_interval=args.log_interval, tensorboard_dir=args.tensorboard_dir,
+                   tensorboard_queue_size=args.tensorboard_queue_size,
+                   writes_tensorboard=bool(args.tensorboard_dir) and args.rank == args.world_size - 1,
+                   log_batch_size_to_tensorboard=args.log_batch_size_to_tensorboard,
+                   log_timers_to_tensorboard=args.log_timers_to_tensorboard,
+                   log_validation_ppl_to_tensorboard=args.log_validation_ppl_to_tensorboard,
+                   log_params_norm=args.log_params_norm, log_num_zeros_in_grad=args.log_num_zeros_in_grad,
+                   log_optimizer_states_to_tensorboard=args.log_optimizer_states_to_tensorboard,
+                   world_size=args.world_size, data_parallel_size=args.data_parallel_size,
+                   seq_length=args.seq_length, model_shape=args.model_shape,
+                   memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops))
