@@ -1,5 +1,4 @@
 """Pretrain GPT: `deepspeed pretrain_gpt.py <Megatron-DeepSpeed flags>`."""
-import sys
 from argparse import Namespace
 from typing import TYPE_CHECKING, Any
 
@@ -73,11 +72,10 @@ def main(args_list: list[str] | None = None,
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
                         args_list=args_list, hooks=hooks)
     except ConfigError as e:
-        # one line naming the flag and the fix, instead of a stack trace from deep inside; written
-        # in one piece, so that the line of another rank failing alike cannot land inside it
-        sys.stderr.write(f"pretrain_gpt.py: error: {e}\n")
-        sys.stderr.flush()
-        sys.exit(2)
+        # one line naming the flag and the fix, instead of a stack trace from deep inside; once per
+        # job (global rank 0), every rank exiting with code 2 (megatron/refusal.py)
+        from megatron.refusal import exit_refused
+        exit_refused("pretrain_gpt.py", str(e))
 
 
 if __name__ == "__main__":

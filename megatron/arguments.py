@@ -25,15 +25,41 @@ from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 def parse_args(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> argparse.Namespace:
     from megatron.script_flags import given_flags
     parser = build_parser(extra_args_provider)
-    args = parser.parse_args(args_list)
+    args, unknown = parser.parse_known_args(args_list)
+    if unknown:  # all of them in one line (argparse's own error names them after its whole usage)
+        raise ConfigError(unknown_flags_message(unknown))
     # which flags the user really passed (a default cannot tell): the startup line names those
     # accepted with no effect, and --clip-grad is reported when DeepSpeed's clipping overrides it
     args.given_flags = given_flags(parser, sys.argv[1:] if args_list is None else args_list)
     return args
 
 
+class MegatronArgumentParser(argparse.ArgumentParser):
+    """An argparse error (a bad value, a missing one) is a ConfigError: one line, printed once per job
+    by pretrain_gpt.py, instead of argparse's ~150-line usage on every rank. --help prints as before."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
+
+
+def unknown_flags_message(unknown: list[str]) -> str:
+    """One line naming every flag argparse did not know (their values left out)."""
+    flags = [tok.split("=", 1)[0] for tok in unknown if tok.startswith("-") and not _is_number(tok)]
+    named = ", ".join(dict.fromkeys(flags)) if flags else " ".join(unknown)
+    return (f"unrecognized arguments: {named} (not flags of this trainer: check the spelling, or drop them; "
+            f"pretrain_gpt.py --help lists the flags it takes)")
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
 def build_parser(extra_args_provider: Callable | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
+    parser = MegatronArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
     for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
