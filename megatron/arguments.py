@@ -42,10 +42,15 @@ class MegatronArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def flag_names(tokens: list[str]) -> list[str]:
+    """The flags among argparse's leftover tokens, as spelled (`--flag=value`: `--flag`), without
+    the values that followed them."""
+    return list(dict.fromkeys(tok.split("=", 1)[0] for tok in tokens if tok.startswith("-") and not _is_number(tok)))
+
+
 def unknown_flags_message(unknown: list[str]) -> str:
     """One line naming every flag argparse did not know (their values left out)."""
-    flags = [tok.split("=", 1)[0] for tok in unknown if tok.startswith("-") and not _is_number(tok)]
-    named = ", ".join(dict.fromkeys(flags)) if flags else " ".join(unknown)
+    named = ", ".join(flag_names(unknown)) or " ".join(unknown)
     return (f"unrecognized arguments: {named} (not flags of this trainer: check the spelling, or drop them; "
             f"pretrain_gpt.py --help lists the flags it takes)")
 
@@ -59,17 +64,23 @@ def _is_number(token: str) -> bool:
 
 
 def build_parser(extra_args_provider: Callable | None = None) -> argparse.ArgumentParser:
-    parser = MegatronArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
+    parser = add_megatron_args(MegatronArgumentParser(description="Megatron-DeepSpeed GPT arguments",
+                                                      allow_abbrev=False))
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser)
+    import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
+    return deepspeed.add_config_arguments(parser)
+
+
+def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag of the trainer but DeepSpeed's own (tools/param_count.py: without importing torch)."""
     for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                 _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
                 _add_zero_args, _add_moe_args, _add_published_script_args, _add_fork_feature_args):
         add(parser)
-    if extra_args_provider is not None:
-        parser = extra_args_provider(parser)
-    import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
-    return deepspeed.add_config_arguments(parser)
+    return parser
 
 
 def _add_network_size_args(parser):
