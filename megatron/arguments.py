@@ -170,8 +170,8 @@ def _add_training_args(parser):
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
     g.add_argument("--pp-partition-method", type=str, default=None,
-                   help="pipeline split: flops (default: balance each stage's forward+backward FLOPs), or "
-                        "DeepSpeed's uniform / parameters / type:REGEX (the forks' default: type:transformer)")
+                   help="pipeline split: DeepSpeed's type:REGEX (default type:transformer, as in the forks), "
+                        "uniform or parameters, or flops (balance each stage's forward+backward FLOPs)")
 
 
 def _add_initialization_args(parser):

@@ -21,6 +21,7 @@ from megatron.engine import engine_steps, pop_moe_loss
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.grad_stats import ZeroCounter, params_norm
 from megatron.learning_rates import AnnealingLR, schedule_lengths
+from megatron.memory import TrainingSetup
 from megatron.memory_measure import finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
@@ -28,6 +29,7 @@ from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.skip_iterations import skip_iteration, skipped_range
+from megatron.split_comparison import split_comparison_lines
 from megatron.training_data import build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
@@ -106,6 +108,9 @@ class Trainer:
                                          args.checkpoint_activations, args.activations_checkpoint_method,
                                          args.checkpoint_num_layers)
         for line in report:
+            print_rank_0(line)
+        # when --pp-partition-method flops would split otherwise: its speed-up and both memories
+        for line in split_comparison_lines(args.model_shape, TrainingSetup.from_args(args)):
             print_rank_0(line)
         log_model_size(args, report)
 

@@ -24,6 +24,7 @@ from megatron import arguments, fork_features
 from megatron.memory import TrainingSetup, format_memory_report
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ConfigError, ModelShape, require
+from megatron.split_comparison import split_comparison_lines
 from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
@@ -117,7 +118,7 @@ def report(args: argparse.Namespace) -> list[str]:
         flops = flops_per_sample(shape, args.checkpoint_activations, args.activations_checkpoint_method,
                                  args.checkpoint_num_layers)
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
-    return lines + format_memory_report(shape, args.memory_setup)
+    return lines + format_memory_report(shape, args.memory_setup) + split_comparison_lines(shape, args.memory_setup)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,7 +23,7 @@ from .config import GPTConfig
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
 from .moe.aux_loss import collect_aux_losses, record_moe_loss
-from .partition import DEFAULT_METHOD, stage_parts
+from .partition import DEFAULT_METHOD, FLOPS_METHOD, stage_parts
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpoint_chunks, checkpointed, run_layers
 
 
@@ -129,7 +129,7 @@ class GPTModelPipe(PipelineModule):
                                        tied_weight_attr="word_embeddings_weight"))
         else:
             specs.append(LayerSpec(OutputLayer, config))
-        # the analytic split (partition.py; balanced by FLOPs by default) for the topology's stages
+        # the analytic split (partition.py; type:transformer by default) for the topology's stages
         self._parts = stage_parts(dataclasses.replace(shape, pipeline_model_parallel_size=topology.get_dim("pipe")))
         method = shape.pp_partition_method or DEFAULT_METHOD
         warnings.filterwarnings("ignore", message=TIED_BROADCAST_WARNING, category=UserWarning)
@@ -150,8 +150,8 @@ class GPTModelPipe(PipelineModule):
 
     def _partition_layers(self, method):
         """DeepSpeed's methods stay DeepSpeed's (checked against ours above); its PipelineModule
-        has no method that weighs layers by cost, so the default split is set here."""
-        if method.lower() != DEFAULT_METHOD:
+        has no method that weighs layers by cost, so the flops split is set here."""
+        if method.lower() != FLOPS_METHOD:
             return super()._partition_layers(method=method)
         set_stage_bounds(self, self._parts)
 
