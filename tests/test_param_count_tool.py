@@ -34,10 +34,10 @@ def test_104b_model_from_the_seed_discussion():
 def test_vocab_file_and_per_stage_split():
     out = run_tool("--num-layers", 8, "--hidden-size", 512, "--num-attention-heads", 8, "--seq-length", 1024,
                    "--vocab-file", "data/gpt2-vocab.json", "--pipeline-model-parallel-size", 3,
-                   "--global-batch-size", 16, "--checkpoint-activations")
+                   "--global-batch-size", 16, "--checkpoint-activations", "--pp-partition-method", "flops")
     # the bundled vocab has 8192 entries: already a multiple of 128
     assert "padded vocab size: 8,192 (vocab 8,192" in out
-    # the default split balances FLOPs: a layer 24 s h^2 + 4 s^2 h = 8,589,934,592 forward, the
+    # the flops split balances FLOPs: a layer 24 s h^2 + 4 s^2 h = 8,589,934,592 forward, the
     # logits 2 s h V = 8,589,934,592 too: 9 equal units over 3 stages, 3 + 3 + (2 layers + logits)
     assert "      2 | layers 7-8, norm, output layer " in out
     per_layer = 12 * 512 * 512 + 13 * 512

@@ -3,7 +3,7 @@ DeepSpeed clipped by torch.nn.utils.clip_grad_norm_: same initial weights, same 
 gradient norm and update, and the tied word embedding gets the gradient of both its uses and
 stays identical on both stages.
 
-The PP=2 run takes the default split, balanced by FLOPs (megatron/model/partition.py). By hand,
+The PP=2 run takes the split balanced by FLOPs (--pp-partition-method flops, partition.py). By hand,
 forward per sample: a layer 24 s h^2 + 4 s^2 h = 24*16*32^2 + 4*16^2*32 = 425,984, the logits
 2 s h V = 2*16*32*1024 = 1,048,576. Split 3 | 0 layers: stages 1,277,952 and 1,048,576; split
 2 | 1: 851,968 and 1,474,560. So the first stage takes all three layers and the last stage holds
@@ -29,7 +29,7 @@ def _pipeline_step():
     from megatron import mpu
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.optimizer import install_gradient_clipping
-    config = tiny_config(num_layers=3, vocab_size=VOCAB)
+    config = tiny_config(num_layers=3, vocab_size=VOCAB, pp_partition_method="flops")
     model = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
