@@ -54,12 +54,13 @@ def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_sam
     if args.weighted_split_groups:  # valid / test: [(group name, dataset)], each evaluated on its own
         from megatron.data.weighted_split_paths import build_datasets
         return build_datasets(args.weighted_split_groups, train_valid_test_num_samples, args.seq_length, args.seed,
-                              args.data_impl)
+                              args.data_impl, args.data_cache_path)
     try:
         return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
                                                splits_string=args.split,
                                                train_valid_test_num_samples=train_valid_test_num_samples,
-                                               seq_length=args.seq_length, seed=args.seed, skip_warmup=True)
+                                               seq_length=args.seq_length, seed=args.seed, skip_warmup=True,
+                                               cache_path=args.data_cache_path)
     except (ValueError, OSError) as e:  # --data-path / --split that cannot give the samples asked for
         raise ConfigError(str(e)) from None
 

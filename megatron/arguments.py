@@ -269,6 +269,8 @@ def _add_data_args(parser):
                                                                     "transformers.AutoTokenizer")
     g.add_argument("--data-impl", type=str, default="mmap", choices=["mmap", "infer"])
     g.add_argument("--mock-data", action="store_true", help="synthetic token stream, no dataset needed")
+    g.add_argument("--data-cache-path", type=str, default=None,
+                   help="directory for the datasets' index caches (Megatron-LM; default: next to the data)")
     g.add_argument("--num-workers", type=int, default=0)
     g.add_argument("--eod-mask-loss", action="store_true")
 
@@ -465,8 +467,12 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
     as_run_args(args)
     _require(not (args.no_pipeline_parallel and pp > 1),
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
+    if args.optimizer == "adamw":
+        # Megatron's adam already is AdamW (decoupled weight decay: torch.optim.AdamW, apex FusedAdam
+        # adam_w_mode=True); Argonne's fork spells the same optimizer adamw
+        args.optimizer = "adam"
     _require(args.optimizer in ("adam", "sgd"),
-             f"--optimizer {args.optimizer} is not supported: use adam or sgd")
+             f"--optimizer {args.optimizer} is not supported: use adam or sgd (adamw is adam)")
     _require(args.ds_sequence_parallel_size == 1,
              f"--ds-sequence-parallel-size {args.ds_sequence_parallel_size}: DeepSpeed-Ulysses sequence parallelism "
              f"is not supported; use 1 (or drop the flag)")
@@ -601,6 +607,8 @@ def _validate_data(args):
             tokenizer_path(args, args.tokenizer_type)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    _require(args.data_cache_path is None or not os.path.isfile(args.data_cache_path),
+             f"--data-cache-path {args.data_cache_path} is a file: give a directory (it is created if missing)")
     from megatron.data.weighted_split_paths import groups_from_args
     args.weighted_split_groups = groups_from_args(args)
     if args.weighted_split_groups:
