@@ -345,7 +345,7 @@ def _add_published_script_args(parser):
     g.add_argument("--abort-on-unmet-fused-kernel-constraints", action="store_true", help="accepted; no effect")
     g.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
                    dest="async_tensor_model_parallel_allreduce", help="accepted; no effect")
-    for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton"):
+    for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton", "--use-flash-attn-builder"):
         g.add_argument(flag, action="store_true", help="accepted; no effect (attention is exact either way)")
     g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
                    help="accepted; no effect (never applied here)")

@@ -328,13 +328,14 @@ def test_data_cache_path_holds_the_index_caches(corpus, tmp_path):
         args = validate_args(parse_args(args_list=model + data_flags), world_size=1, cuda_available=False)
         return pretrain_gpt.train_valid_test_datasets_provider(args, [40, 0, 0])[0]
 
+    def flags(kind, where):
+        prefix = str(where / "corpus")
+        return (["--data-path", prefix, "--split", "1,0,0"] if kind == "data path" else
+                ["--train-weighted-split-paths", f"TRAIN: 1 0:1 {prefix}"])
+
     for kind in ("data path", "weighted split paths"):
-        def flags(where):
-            prefix = str(where / "corpus")
-            return (["--data-path", prefix, "--split", "1,0,0"] if kind == "data path" else
-                    ["--train-weighted-split-paths", f"TRAIN: 1 0:1 {prefix}"])
-        cached = train_split(flags(data) + ["--data-cache-path", str(cache)])
-        reference = train_split(flags(beside))
+        cached = train_split(flags(kind, data) + ["--data-cache-path", str(cache)])
+        reference = train_split(flags(kind, beside))
         assert sorted(os.listdir(data)) == ["corpus.bin", "corpus.idx"], kind
         assert any(name.startswith("corpus_train_indexmap_40ns_") for name in os.listdir(beside))
         assert sorted(n for n in os.listdir(cache)) == sorted(n for n in os.listdir(beside) if n.endswith(".npy"))

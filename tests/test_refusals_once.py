@@ -10,8 +10,8 @@ from tests.launcher import TINY, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = TINY + ["--train-iters", "2"]
-ARGONNE = ["--data-file-list", "files.txt", "--shuffle-sample-in-corpus", "--word-embedding-init-std=0.02",
-           "--random-ltd"]
+UNKNOWN = ["--use-mcore-models", "--distributed-timeout-minutes", "30", "--no-rope-fusion=1",
+           "--overlap-grad-reduce"]  # Megatron-LM's
 
 
 def _error_lines(output):
@@ -19,13 +19,13 @@ def _error_lines(output):
 
 
 def test_unknown_flags_two_ranks_one_line_exit_2(tmp_path):
-    """Argonne's and Microsoft's flags this trainer does not know, at 2 ranks: one line naming all
-    four (values left out), no argparse usage, exit code 2."""
-    proc, _ = launch(2, TRAIN + ARGONNE, str(tmp_path), check=False)
+    """Megatron-LM's flags this trainer does not know, at 2 ranks: one line naming all four (values
+    left out), no argparse usage, exit code 2."""
+    proc, _ = launch(2, TRAIN + UNKNOWN, str(tmp_path), check=False)
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert _error_lines(proc.stdout) == [
-        "pretrain_gpt.py: error: unrecognized arguments: --data-file-list, --shuffle-sample-in-corpus, "
-        "--word-embedding-init-std, --random-ltd (not flags of this trainer: check the spelling, or drop them; "
+        "pretrain_gpt.py: error: unrecognized arguments: --use-mcore-models, --distributed-timeout-minutes, "
+        "--no-rope-fusion, --overlap-grad-reduce (not flags of this trainer: check the spelling, or drop them; "
         "pretrain_gpt.py --help lists the flags it takes)"], proc.stdout[-3000:]
     assert "usage:" not in proc.stdout and "Traceback" not in proc.stdout
 
