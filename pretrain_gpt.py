@@ -1,5 +1,4 @@
 """Pretrain GPT: `deepspeed pretrain_gpt.py <Megatron-DeepSpeed flags>`."""
-import sys
 from argparse import Namespace
 from typing import TYPE_CHECKING, Any
 
@@ -55,12 +54,13 @@ def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_sam
     if args.weighted_split_groups:  # valid / test: [(group name, dataset)], each evaluated on its own
         from megatron.data.weighted_split_paths import build_datasets
         return build_datasets(args.weighted_split_groups, train_valid_test_num_samples, args.seq_length, args.seed,
-                              args.data_impl)
+                              args.data_impl, args.data_cache_path)
     try:
         return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
                                                splits_string=args.split,
                                                train_valid_test_num_samples=train_valid_test_num_samples,
-                                               seq_length=args.seq_length, seed=args.seed, skip_warmup=True)
+                                               seq_length=args.seq_length, seed=args.seed, skip_warmup=True,
+                                               cache_path=args.data_cache_path)
     except (ValueError, OSError) as e:  # --data-path / --split that cannot give the samples asked for
         raise ConfigError(str(e)) from None
 
@@ -73,11 +73,10 @@ def main(args_list: list[str] | None = None,
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
                         args_list=args_list, hooks=hooks)
     except ConfigError as e:
-        # one line naming the flag and the fix, instead of a stack trace from deep inside; written
-        # in one piece, so that the line of another rank failing alike cannot land inside it
-        sys.stderr.write(f"pretrain_gpt.py: error: {e}\n")
-        sys.stderr.flush()
-        sys.exit(2)
+        # one line naming the flag and the fix, instead of a stack trace from deep inside; once per
+        # job (global rank 0), every rank exiting with code 2 (megatron/refusal.py)
+        from megatron.refusal import exit_refused
+        exit_refused("pretrain_gpt.py", str(e))
 
 
 if __name__ == "__main__":

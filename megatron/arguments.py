@@ -25,25 +25,62 @@ from megatron.tokenizer.tokenizer import TOKENIZER_TYPES
 def parse_args(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> argparse.Namespace:
     from megatron.script_flags import given_flags
     parser = build_parser(extra_args_provider)
-    args = parser.parse_args(args_list)
+    args, unknown = parser.parse_known_args(args_list)
+    if unknown:  # all of them in one line (argparse's own error names them after its whole usage)
+        raise ConfigError(unknown_flags_message(unknown))
     # which flags the user really passed (a default cannot tell): the startup line names those
     # accepted with no effect, and --clip-grad is reported when DeepSpeed's clipping overrides it
     args.given_flags = given_flags(parser, sys.argv[1:] if args_list is None else args_list)
     return args
 
 
+class MegatronArgumentParser(argparse.ArgumentParser):
+    """An argparse error (a bad value, a missing one) is a ConfigError: one line, printed once per job
+    by pretrain_gpt.py, instead of argparse's ~150-line usage on every rank. --help prints as before."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
+
+
+def flag_names(tokens: list[str]) -> list[str]:
+    """The flags among argparse's leftover tokens, as spelled (`--flag=value`: `--flag`), without
+    the values that followed them."""
+    return list(dict.fromkeys(tok.split("=", 1)[0] for tok in tokens if tok.startswith("-") and not _is_number(tok)))
+
+
+def unknown_flags_message(unknown: list[str]) -> str:
+    """One line naming every flag argparse did not know (their values left out)."""
+    named = ", ".join(flag_names(unknown)) or " ".join(unknown)
+    return (f"unrecognized arguments: {named} (not flags of this trainer: check the spelling, or drop them; "
+            f"pretrain_gpt.py --help lists the flags it takes)")
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
 def build_parser(extra_args_provider: Callable | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Megatron-DeepSpeed GPT arguments", allow_abbrev=False)
+    parser = add_megatron_args(MegatronArgumentParser(description="Megatron-DeepSpeed GPT arguments",
+                                                      allow_abbrev=False))
+    if extra_args_provider is not None:
+        parser = extra_args_provider(parser)
+    import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
+    return deepspeed.add_config_arguments(parser)
+
+
+def add_megatron_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag of the trainer but DeepSpeed's own (tools/param_count.py: without importing torch)."""
     for add in (_add_network_size_args, _add_regularization_args, _add_training_args,
                 _add_initialization_args, _add_learning_rate_args, _add_checkpointing_args,
                 _add_mixed_precision_args, _add_distributed_args, _add_validation_args,
                 _add_data_args, _add_logging_args, _add_activation_checkpoint_args,
                 _add_zero_args, _add_moe_args, _add_published_script_args, _add_fork_feature_args):
         add(parser)
-    if extra_args_provider is not None:
-        parser = extra_args_provider(parser)
-    import deepspeed  # adds --deepspeed, --deepspeed_config (and its aliases)
-    return deepspeed.add_config_arguments(parser)
+    return parser
 
 
 def _add_network_size_args(parser):
@@ -133,8 +170,8 @@ def _add_training_args(parser):
     g.add_argument("--no-pipeline-parallel", action="store_true",
                    help="plain module + DeepSpeed engine instead of a PipelineModule (needs PP=1)")
     g.add_argument("--pp-partition-method", type=str, default=None,
-                   help="pipeline split: flops (default: balance each stage's forward+backward FLOPs), or "
-                        "DeepSpeed's uniform / parameters / type:REGEX (the forks' default: type:transformer)")
+                   help="pipeline split: DeepSpeed's type:REGEX (default type:transformer, as in the forks), "
+                        "uniform or parameters, or flops (balance each stage's forward+backward FLOPs)")
 
 
 def _add_initialization_args(parser):
@@ -232,6 +269,8 @@ def _add_data_args(parser):
                                                                     "transformers.AutoTokenizer")
     g.add_argument("--data-impl", type=str, default="mmap", choices=["mmap", "infer"])
     g.add_argument("--mock-data", action="store_true", help="synthetic token stream, no dataset needed")
+    g.add_argument("--data-cache-path", type=str, default=None,
+                   help="directory for the datasets' index caches (Megatron-LM; default: next to the data)")
     g.add_argument("--num-workers", type=int, default=0)
     g.add_argument("--eod-mask-loss", action="store_true")
 
@@ -306,7 +345,7 @@ def _add_published_script_args(parser):
     g.add_argument("--abort-on-unmet-fused-kernel-constraints", action="store_true", help="accepted; no effect")
     g.add_argument("--no-async-tensor-model-parallel-allreduce", action="store_false",
                    dest="async_tensor_model_parallel_allreduce", help="accepted; no effect")
-    for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton"):
+    for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton", "--use-flash-attn-builder"):
         g.add_argument(flag, action="store_true", help="accepted; no effect (attention is exact either way)")
     g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
                    help="accepted; no effect (never applied here)")
@@ -428,8 +467,12 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
     as_run_args(args)
     _require(not (args.no_pipeline_parallel and pp > 1),
              f"--no-pipeline-parallel needs --pipeline-model-parallel-size 1 (got {pp}); drop one of them")
+    if args.optimizer == "adamw":
+        # Megatron's adam already is AdamW (decoupled weight decay: torch.optim.AdamW, apex FusedAdam
+        # adam_w_mode=True); Argonne's fork spells the same optimizer adamw
+        args.optimizer = "adam"
     _require(args.optimizer in ("adam", "sgd"),
-             f"--optimizer {args.optimizer} is not supported: use adam or sgd")
+             f"--optimizer {args.optimizer} is not supported: use adam or sgd (adamw is adam)")
     _require(args.ds_sequence_parallel_size == 1,
              f"--ds-sequence-parallel-size {args.ds_sequence_parallel_size}: DeepSpeed-Ulysses sequence parallelism "
              f"is not supported; use 1 (or drop the flag)")
@@ -564,6 +607,8 @@ def _validate_data(args):
             tokenizer_path(args, args.tokenizer_type)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    _require(args.data_cache_path is None or not os.path.isfile(args.data_cache_path),
+             f"--data-cache-path {args.data_cache_path} is a file: give a directory (it is created if missing)")
     from megatron.data.weighted_split_paths import groups_from_args
     args.weighted_split_groups = groups_from_args(args)
     if args.weighted_split_groups:

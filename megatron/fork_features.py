@@ -40,6 +40,20 @@ REFUSED = {
                           "resetting the loaded iteration and sample counters (use --finetune to start at 0)"),
     "--use-checkpoint-args": ({"action": "store_true"},
                               "taking the model's flags from the checkpoint (pass them; --load checks them)"),
+    # Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples (issue 31)
+    "--accumulate-allreduce-grads-in-fp32": ({"action": "store_true"},
+                                             "Megatron's fp32 gradient accumulation buffer (with DeepSpeed: the "
+                                             "ds_config's data_types.grad_accum_dtype)"),
+    "--data-file-list": ({"type": str}, "Argonne's data file list (give its weights and prefixes as --data-path)"),
+    "--shuffle-sample-in-corpus": ({"action": "store_true"}, "Argonne's corpus-wide sample shuffling"),
+    "--word-embedding-init-std": ({"type": float}, "Argonne's own init std of the word embedding"),
+    "--adjust-word-embedding-init": ({"action": "store_true"}, "Argonne's own init std of the word embedding"),
+    "--random-ltd": ({"action": "store_true"}, "random layerwise token dropping (Microsoft's data efficiency)"),
+    "--data-efficiency-curriculum-learning": ({"action": "store_true"},
+                                              "data-efficiency curriculum learning (Microsoft)"),
+    "--train-doc-idx-path": ({"type": str}, "precomputed index files (Microsoft's data efficiency)"),
+    "--train-sample-idx-path": ({"type": str}, "precomputed index files (Microsoft's data efficiency)"),
+    "--train-shuffle-idx-path": ({"type": str}, "precomputed index files (Microsoft's data efficiency)"),
 }
 
 

@@ -21,6 +21,7 @@ NO_EFFECT = {
     "--use-flash-attn": "attention is exact either way",
     "--use-flash-attn-v2": "attention is exact either way",
     "--use-flash-attn-triton": "attention is exact either way",
+    "--use-flash-attn-builder": "attention is exact either way",
     "--no-query-key-layer-scaling": "query-key layer scaling is never applied here",
     "--sequence-parallel": "Megatron's activation sharding over TP ranks: same model, same math",
     "--ds-sequence-parallel-size": "1 is no sequence parallelism (larger sizes are refused)",

@@ -27,6 +27,7 @@ from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.skip_iterations import skip_iteration, skipped_range
+from megatron.split_comparison import split_comparison_lines
 from megatron.training_data import build_data_iterators
 from megatron.training_state import TrainingProgress
 from megatron.utils import (
@@ -106,6 +107,9 @@ class Trainer:
                                          args.checkpoint_activations, args.activations_checkpoint_method,
                                          args.checkpoint_num_layers, flops=args.flops_per_sample)
         for line in report:
+            print_rank_0(line)
+        # when --pp-partition-method flops would split otherwise: its speed-up and both memories
+        for line in split_comparison_lines(args.model_shape, self.metrics.config.memory):
             print_rank_0(line)
         self.metrics.log_model_size(report)
 

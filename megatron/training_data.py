@@ -13,10 +13,12 @@ NamedIterators = list[tuple[str | None, Iterator]] | None
 
 
 def train_samples(args: Namespace) -> int:
-    """Samples the training split is sized for (--train-tokens: what the run consumes up to it)."""
-    if args.train_tokens is not None:
-        return run_length(args)[1]
-    return args.train_samples if args.train_samples is not None else args.train_iters * args.global_batch_size
+    """Samples the training split is sized for: all that the run's iterations read. That is more than
+    --train-samples when the last iteration's global batch passes it (a ramp-up's batch sizes, or a
+    --train-samples that is not a multiple of the batch): a split of exactly --train-samples would
+    run dry in the last iteration (StopIteration in DeepSpeed's loader). Every dataset kind (mock,
+    indexed, blends, weighted split paths) is asked for this many, as the forks' whole epochs give."""
+    return run_length(args)[1]
 
 
 def build_data_iterators(provider: Callable, args: Namespace, progress: TrainingProgress, batch_fn: Callable,

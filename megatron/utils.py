@@ -363,7 +363,7 @@ def pipeline_split_lines(shape: ModelShape) -> list[str]:
     if shape.pipeline_model_parallel_size == 1:
         return []
     from megatron.model.partition import DEFAULT_METHOD, describe_stage, stage_items
-    method = shape.pp_partition_method or f"{DEFAULT_METHOD}, the default: balanced by FLOPs"
+    method = shape.pp_partition_method or f"{DEFAULT_METHOD}, the default: the forks' even spread of the layers"
     per_stage = stage_items(shape)
     total = sum(item.flops for items in per_stage for item in items)
     lines = [f"pipeline split (--pp-partition-method {method}):", "  stage | holds" + " " * 30 + "| FLOPs share"]

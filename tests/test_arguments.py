@@ -111,3 +111,25 @@ def test_cli_error_is_one_line_before_any_heavy_work():
     assert errors == ["pretrain_gpt.py: error: --fp16 needs a CUDA device: "
                       "on CPU train in fp32 (drop --fp16) or use --bf16"]
     assert "Traceback" not in proc.stderr
+
+
+def test_optimizer_adamw_is_megatrons_adam_with_decoupled_weight_decay():
+    """Argonne's `--optimizer adamw` is the optimizer Megatron's adam already is: AdamW. By hand, one
+    step from zero gradients leaves Adam's moments at 0, so only the decoupled decay moves a weight:
+    w (1 - lr wd) = 1 - 1e-3 x 0.1 = 0.9999 (Adam with an L2 term would see a gradient wd w and move
+    it by ~lr: 0.999); biases are not decayed."""
+    import torch
+
+    from megatron.optimizer import build_optimizer
+    args = validated(["--optimizer", "adamw", "--weight-decay", "0.1", "--bf16"])  # bf16: DeepSpeed clips
+    assert args.optimizer == "adam"
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        model.bias.fill_(1.0)
+    optimizer = build_optimizer(model, args)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    assert torch.equal(model.weight, torch.full((2, 3), 1 - 1e-3 * 0.1))
+    assert torch.equal(model.bias, torch.ones(2))

@@ -43,7 +43,7 @@ VARIANT = ["--pipeline-model-parallel-size", "2", "--use-rotary-position-embeddi
 
 # megatron_layout.json of main_pp2, by hand: 2 layers, h 64, 4 heads of dim 64 / 4 = 16, 2 kv heads;
 # swiglu's ffn int(8 x 64 / 3 / 64) x 64 = 128; vocab 600 padded to a multiple of 128 x TP 1 = 640;
-# split by the default method (flops) because the pipeline engine runs at PP 2
+# split by flops (the default when these files were written) because the pipeline engine runs at PP 2
 MAIN_LAYOUT = {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
                "padded_vocab_size": 640, "max_position_embeddings": 32, "tensor_model_parallel_size": 1,
                "pipeline_model_parallel_size": 2, "ds_pipeline_enabled": True,
@@ -83,7 +83,7 @@ def test_files_written_before_read_with_their_values():
 
 
 def test_writer_reproduces_the_files_written_before(tmp_path):
-    args = run_args(VARIANT, world_size=2)
+    args = run_args(VARIANT + ["--pp-partition-method", "flops"], world_size=2)  # the split they were written with
     args.save = str(tmp_path)
     step = str(tmp_path / "global_step2")
     os.makedirs(step)

@@ -62,11 +62,11 @@ def log_lines(output):
 
 @pytest.fixture(scope="module")
 def original(corpus, tmp_path_factory):
-    """TP=2 x PP=2, iterations 1-4 of a 6-iteration schedule, checkpoints at 2 and 4."""
+    """TP=2 x PP=2 split by FLOPs, iterations 1-4 of a 6-iteration schedule, checkpoints at 2 and 4."""
     tmp = tmp_path_factory.mktemp("original")
     ckpt = str(tmp / "ckpt")
-    proc, ranks = launch(4, args_for(corpus, 2, 2) + ["--save", ckpt, "--save-interval", 2, "--exit-interval", 4],
-                         str(tmp / "out"))
+    proc, ranks = launch(4, args_for(corpus, 2, 2) + ["--save", ckpt, "--save-interval", 2, "--exit-interval", 4,
+                                                     "--pp-partition-method", "flops"], str(tmp / "out"))
     at2 = checkpoint_at(ckpt, 2, str(tmp / "at2"))
     return {"ckpt": ckpt, "at2": at2, "digest": digest(ckpt), "digest2": digest(at2), "last": ranks[3],
             "log": log_lines(proc.stdout), "parameters": ranks[0]["parameters"], "tmp": tmp}
@@ -109,7 +109,7 @@ def test_resume_tp2_pp2_at_tp1_pp1(original, tp1_no_pipe):
 
 def test_resume_tp2_pp2_at_tp1_pp2(corpus, original):
     tmp = original["tmp"] / "tp1pp2"
-    # the original's default split balances FLOPs: the logits (2 s h V, V = 10000) cost 12 layers,
+    # the original's split balances FLOPs (--pp-partition-method flops): the logits (2 s h V, V = 10000) cost 12 layers,
     # so both layers sit on stage 0 and stage 1 holds the norm and output layer; this run splits
     # as DeepSpeed's type:transformer does, one layer per stage, so layer 2 moves to stage 1
     proc, ranks = launch(2, args_for(corpus, 1, 2) + ["--load", original["at2"], "--exit-interval", 4,

@@ -62,6 +62,18 @@ REFUSALS = [
                                   "--finetune to start at 0) is not supported by this trainer; drop the flag"),
     ({"--use-checkpoint-args": None}, "--use-checkpoint-args: taking the model's flags from the checkpoint (pass "
                                       "them; --load checks them) is not supported by this trainer; drop the flag"),
+    # issue 31: Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples
+    ({"--data-file-list": "files.txt"}, "--data-file-list: Argonne's data file list (give its weights and prefixes as "
+                                        "--data-path) is not supported by this trainer; drop the flag"),
+    ({"--word-embedding-init-std": 0.01}, "--word-embedding-init-std: Argonne's own init std of the word embedding is "
+                                          "not supported by this trainer; drop the flag"),
+    ({"--accumulate-allreduce-grads-in-fp32": None},
+     "--accumulate-allreduce-grads-in-fp32: Megatron's fp32 gradient accumulation buffer (with DeepSpeed: the "
+     "ds_config's data_types.grad_accum_dtype) is not supported by this trainer; drop the flag"),
+    ({"--random-ltd": None}, "--random-ltd: random layerwise token dropping (Microsoft's data efficiency) is not "
+                             "supported by this trainer; drop the flag"),
+    ({"--train-shuffle-idx-path": "s.npy"}, "--train-shuffle-idx-path: precomputed index files (Microsoft's data "
+                                            "efficiency) is not supported by this trainer; drop the flag"),
     ({"--transformer-impl": "transformer_engine"}, "--transformer-impl transformer_engine: Transformer Engine is not "
                                                    "supported by this trainer; use local (the default)"),
     ({"--dataloader-type": "cyclic"}, "--dataloader-type cyclic: the multi-epoch random sampler is not supported "

@@ -305,3 +305,40 @@ def test_data_loader_batches(tmp_path):
     assert build_pretraining_data_loader(None, 0, 2, 0, 1) is None
     workers = build_pretraining_data_loader(ds, 8, 2, 1, 2, num_workers=2)
     assert all(torch.equal(x["text"], y["text"]) for x, y in zip(workers, batches, strict=True))
+
+
+def test_data_cache_path_holds_the_index_caches(corpus, tmp_path):
+    """--data-cache-path (Megatron-LM): the index caches go to that directory (created), none next to
+    the data, and the samples are those of a build that caches next to the data; for --data-path and
+    for weighted split paths alike."""
+    import shutil
+
+    import pretrain_gpt
+    from megatron.arguments import parse_args, validate_args
+    data, cache, beside = tmp_path / "data", tmp_path / "cache", tmp_path / "beside"
+    for where in (data, beside):
+        where.mkdir()
+        for suffix in (".bin", ".idx"):
+            shutil.copy(corpus + suffix, where / ("corpus" + suffix))
+    model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--max-position-embeddings", "32", "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "4",
+             "--vocab-file", "data/gpt2-vocab.json", "--merge-file", "data/gpt2-merges.txt"]
+
+    def train_split(data_flags):
+        args = validate_args(parse_args(args_list=model + data_flags), world_size=1, cuda_available=False)
+        return pretrain_gpt.train_valid_test_datasets_provider(args, [40, 0, 0])[0]
+
+    def flags(kind, where):
+        prefix = str(where / "corpus")
+        return (["--data-path", prefix, "--split", "1,0,0"] if kind == "data path" else
+                ["--train-weighted-split-paths", f"TRAIN: 1 0:1 {prefix}"])
+
+    for kind in ("data path", "weighted split paths"):
+        cached = train_split(flags(kind, data) + ["--data-cache-path", str(cache)])
+        reference = train_split(flags(kind, beside))
+        assert sorted(os.listdir(data)) == ["corpus.bin", "corpus.idx"], kind
+        assert any(name.startswith("corpus_train_indexmap_40ns_") for name in os.listdir(beside))
+        assert sorted(n for n in os.listdir(cache)) == sorted(n for n in os.listdir(beside) if n.endswith(".npy"))
+        assert len(cached) == len(reference)
+        for i in range(len(reference)):
+            assert np.array_equal(cached[i]["text"], reference[i]["text"]), (kind, i)

@@ -1,4 +1,5 @@
 """tools/param_count.py: exact counts from flags alone, equal to the built model's."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -33,10 +34,10 @@ def test_104b_model_from_the_seed_discussion():
 def test_vocab_file_and_per_stage_split():
     out = run_tool("--num-layers", 8, "--hidden-size", 512, "--num-attention-heads", 8, "--seq-length", 1024,
                    "--vocab-file", "data/gpt2-vocab.json", "--pipeline-model-parallel-size", 3,
-                   "--global-batch-size", 16, "--checkpoint-activations")
+                   "--global-batch-size", 16, "--checkpoint-activations", "--pp-partition-method", "flops")
     # the bundled vocab has 8192 entries: already a multiple of 128
     assert "padded vocab size: 8,192 (vocab 8,192" in out
-    # the default split balances FLOPs: a layer 24 s h^2 + 4 s^2 h = 8,589,934,592 forward, the
+    # the flops split balances FLOPs: a layer 24 s h^2 + 4 s^2 h = 8,589,934,592 forward, the
     # logits 2 s h V = 8,589,934,592 too: 9 equal units over 3 stages, 3 + 3 + (2 layers + logits)
     assert "      2 | layers 7-8, norm, output layer " in out
     per_layer = 12 * 512 * 512 + 13 * 512
@@ -51,6 +52,39 @@ def test_unknown_flags_are_ignored_so_launch_scripts_paste_in():
     out = run_tool("--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 32,
                    "--vocab-size", 600, "--fp16", "--zero-stage", 1, "--lr", "1e-4")
     assert "parameters: 143,104\n" in out  # 640*64 + 32*64 + 2*(12*64^2 + 13*64) + 2*64
+
+
+def test_flags_the_trainer_does_not_know_are_named_in_one_line():
+    """The trainer's flags the tool does not read (--lr, --save, DeepSpeed's) pass silently; flags
+    pretrain_gpt.py does not know either (Megatron-LM's --add-qkv-bias changes the model) are named,
+    values left out, in one line on stderr; the report is the one without them."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "600"]
+    known = ["--lr", "1e-4", "--save", "ckpt", "--deepspeed", "--deepspeed_config", "ds.json", "--log-interval", "1"]
+    unknown = ["--add-qkv-bias", "--use-mcore-models", "--distributed-timeout-minutes", "30",
+               "--no-rope-fusion=1"]
+
+    def tool(*flags):
+        return subprocess.run([sys.executable, "tools/param_count.py", *model, *flags], capture_output=True,
+                              text=True, timeout=60, check=True, env=env)
+    plain, with_known, with_unknown = tool(), tool(*known), tool(*known, *unknown)
+    assert plain.stdout == with_known.stdout == with_unknown.stdout and "parameters: 143,104\n" in plain.stdout
+    assert plain.stderr == with_known.stderr == ""
+    assert with_unknown.stderr == ("param_count.py: ignored, not flags of pretrain_gpt.py (the numbers are for the "
+                                   "model without them): --add-qkv-bias, --use-mcore-models, "
+                                   "--distributed-timeout-minutes, --no-rope-fusion\n")
+
+
+def test_the_tools_list_of_deepspeeds_flags_is_deepspeeds():
+    import argparse
+
+    import deepspeed
+    spec = importlib.util.spec_from_file_location("param_count", os.path.join("tools", "param_count.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser(add_help=False))
+    assert {o: (0 if a.nargs == 0 else 1) for a in parser._actions for o in a.option_strings} == tool.DEEPSPEED_FLAGS
 
 
 @pytest.mark.parametrize("flags, message", [

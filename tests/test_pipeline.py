@@ -3,15 +3,20 @@ DeepSpeed clipped by torch.nn.utils.clip_grad_norm_: same initial weights, same 
 gradient norm and update, and the tied word embedding gets the gradient of both its uses and
 stays identical on both stages.
 
-The PP=2 run takes the default split, balanced by FLOPs (megatron/model/partition.py). By hand,
+The PP=2 run takes the split balanced by FLOPs (--pp-partition-method flops, partition.py). By hand,
 forward per sample: a layer 24 s h^2 + 4 s^2 h = 24*16*32^2 + 4*16^2*32 = 425,984, the logits
 2 s h V = 2*16*32*1024 = 1,048,576. Split 3 | 0 layers: stages 1,277,952 and 1,048,576; split
 2 | 1: 851,968 and 1,474,560. So the first stage takes all three layers and the last stage holds
 only the final norm and the output layer."""
+import re
+import warnings
+
 import pytest
 import torch
 from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
+
+from megatron.model.gpt_model import TIED_BROADCAST_WARNING
 
 MICRO_BATCHES = 2
 VOCAB = 1024  # large enough that the balanced split gives the last stage no transformer layer
@@ -24,7 +29,7 @@ def _pipeline_step():
     from megatron import mpu
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.optimizer import install_gradient_clipping
-    config = tiny_config(num_layers=3, vocab_size=VOCAB)
+    config = tiny_config(num_layers=3, vocab_size=VOCAB, pp_partition_method="flops")
     model = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -39,8 +44,11 @@ def _pipeline_step():
         tokens, labels, loss_mask = tiny_batch(config, seed=i)
         batches.append((tokens, (labels, loss_mask)))
     eval_loss = engine.eval_batch(iter(batches)).item()
-    train_loss = engine.train_batch(iter(batches)).item()
-    return {"grad_norm": float(engine.get_global_grad_norm()), "initial": initial,
+    with warnings.catch_warnings(record=True) as caught:  # every warning, the filtered ones included
+        warnings.simplefilter("always")
+        train_loss = engine.train_batch(iter(batches)).item()
+    tied_broadcast = [w for w in caught if re.match(TIED_BROADCAST_WARNING, str(w.message))]
+    return {"grad_norm": float(engine.get_global_grad_norm()), "initial": initial, "warned": len(tied_broadcast),
             "updated": {k: v.clone() for k, v in model.state_dict().items()},
             "eval_loss": eval_loss, "train_loss": train_loss, "stage": mpu.get_pipeline_model_parallel_rank(),
             "parts": list(model.parts)}
@@ -85,7 +93,12 @@ def test_pp2_matches_pp1_and_keeps_tied_embedding_in_sync():
     assert ref["updated"].keys() == plain["updated"].keys()
     for key, value in plain["updated"].items():
         torch.testing.assert_close(ref["updated"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    assert ref["warned"] == 0  # PP=1: no tied copy to broadcast
     stages = run_distributed(2, _pipeline_step, pp=2)
+    # torch's warning about DeepSpeed's broadcast of the tied embedding (megatron/model/gpt_model.py)
+    # came in this step on both stages, once per micro-batch's backward through the tied weight, and
+    # every update below still equals PP=1's: it is harmless
+    assert [out["warned"] for out in stages] == [MICRO_BATCHES, MICRO_BATCHES]
     # items: embedding, 3 layers | final norm, output layer (see the module docstring)
     assert stages[0]["parts"] == [0, 4, 6]
     word = "tied_modules.embed.word_embeddings.weight"
@@ -109,3 +122,16 @@ def test_pp2_matches_pp1_and_keeps_tied_embedding_in_sync():
     # the output layer touches every row; with PP=1 as the reference the update matches exactly
     moved = (first != stages[0]["initial"][word]).any(dim=1)
     assert moved.all(), "rows of tokens never seen as input must still move (output-layer gradient)"
+
+
+def test_the_filter_takes_that_one_message():
+    """The filter of megatron/model/gpt_model.py hides the tied-broadcast warning and no other, not
+    even the same warning about another c10d op (which could sit on an activation's gradient)."""
+    message = ("{}: an autograd kernel was not registered to the Autograd key(s) but we are trying to backprop "
+               "through it. This may lead to silently incorrect behavior.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=TIED_BROADCAST_WARNING, category=UserWarning)
+        for op in ("c10d::broadcast_", "c10d::allreduce_", "c10d::send"):
+            warnings.warn(message.format(op), UserWarning, stacklevel=1)
+    assert [str(w.message).split(":")[0:3] for w in caught] == [["c10d", "", "allreduce_"], ["c10d", "", "send"]]

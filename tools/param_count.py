@@ -11,7 +11,9 @@ startup cross-check uses and are printed by the same report, which names the arc
 (--swiglu, --num-key-value-heads, --use-rotary-position-embeddings, ... as the trainer takes them).
 The vocab: --vocab-size, a GPT-2 --vocab-file, or the trainer's --tokenizer-type PretrainedFromHF /
 HFTokenizer / GPTSentencePieceTokenizer with its local files (read with tokenizers / sentencepiece).
-No torch, no GPU; unknown flags are ignored, so a launch script's whole flag list can be pasted in."""
+No torch, no GPU; the trainer's other flags (--lr, --save, ...) are ignored, so a launch script's whole
+flag list can be pasted in; flags the trainer does not know either are named in one line on stderr
+(the numbers are for the model without them: such a flag may change it)."""
 import argparse
 import json
 import os
@@ -22,6 +24,7 @@ from megatron import arguments, fork_features
 from megatron.metrics.memory import TrainingSetup, format_memory_report
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ConfigError, ModelShape, require
+from megatron.split_comparison import split_comparison_lines
 from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
@@ -35,7 +38,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-size", "--num-gpus", dest="world_size", type=int, default=None,
                    help="ranks in the job (default TP x PP: DP = 1); sets the data-parallel size for the memory table")
     fork_features.add_args(p)
-    args, _ = p.parse_known_args(argv)
+    args, rest = p.parse_known_args(argv)
+    args.ignored_flags = _unknown_to_the_trainer(rest)
     fork_features.map_recompute(args)  # --recompute-* = --checkpoint-activations: FLOPs and memory follow
     # the trainer's own checks (megatron/arguments.py, ModelShape), for the flags parsed here
     arguments.validate_flag_values(args)
@@ -61,6 +65,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
     args.memory_setup = _training_setup(args)
     return args
+
+
+# what deepspeed.add_config_arguments adds to the trainer's parser (tests/test_param_count_tool.py
+# checks the list against the installed DeepSpeed); importing DeepSpeed here would import torch
+DEEPSPEED_FLAGS = {"--deepspeed": 0, "--deepspeed_config": 1, "--deepscale": 0, "--deepscale_config": 1}
+
+
+def _unknown_to_the_trainer(rest: list[str]) -> list[str]:
+    """The flags among those this tool did not read that pretrain_gpt.py does not know either."""
+    trainer = arguments.add_megatron_args(arguments.MegatronArgumentParser(add_help=False, allow_abbrev=False))
+    for flag, nargs in DEEPSPEED_FLAGS.items():
+        trainer.add_argument(flag, action="store_true") if nargs == 0 else trainer.add_argument(flag)
+    _, unknown = trainer.parse_known_args(rest)
+    return arguments.flag_names(unknown)
 
 
 def _training_setup(args: argparse.Namespace) -> TrainingSetup:
@@ -100,7 +118,7 @@ def report(args: argparse.Namespace) -> list[str]:
                                 checkpoint_num_layers=args.checkpoint_num_layers, flops=flops)
     if args.global_batch_size:
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
-    return lines + format_memory_report(shape, args.memory_setup)
+    return lines + format_memory_report(shape, args.memory_setup) + split_comparison_lines(shape, args.memory_setup)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -109,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as e:  # one line naming the flag, as pretrain_gpt.py prints it
         print(f"param_count.py: error: {e}", file=sys.stderr)
         sys.exit(2)
+    if args.ignored_flags:
+        print(f"param_count.py: ignored, not flags of pretrain_gpt.py (the numbers are for the model without "
+              f"them): {', '.join(args.ignored_flags)}", file=sys.stderr)
     print("\n".join(report(args)))
 
 

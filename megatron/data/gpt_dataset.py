@@ -23,16 +23,18 @@ BLEND_OVERSAMPLE = 1.005
 
 def build_train_valid_test_datasets(
     data_prefix: Sequence[str], data_impl: str, splits_string: str, train_valid_test_num_samples: Sequence[int],
-    seq_length: int, seed: int, skip_warmup: bool,
+    seq_length: int, seed: int, skip_warmup: bool, cache_path: str | None = None,
 ) -> tuple[torch.utils.data.Dataset | None, ...]:
     """(train, valid, test) datasets; each is None when its split is empty or asked for 0 samples.
 
     data_prefix is ["path"] or ["w1", "path1", "w2", "path2", ...] for a
-    weighted blend of several preprocessed datasets.
+    weighted blend of several preprocessed datasets. cache_path: --data-cache-path, the directory
+    of the index caches (None: next to the data).
     """
     if len(data_prefix) == 1:
         return _build_train_valid_test_datasets(
-            data_prefix[0], data_impl, splits_string, train_valid_test_num_samples, seq_length, seed, skip_warmup
+            data_prefix[0], data_impl, splits_string, train_valid_test_num_samples, seq_length, seed, skip_warmup,
+            cache_path,
         )
 
     prefixes, weights, per_dataset_num_samples = get_datasets_weights_and_num_samples(
@@ -41,7 +43,7 @@ def build_train_valid_test_datasets(
     splits: list[list[tuple[GPTDataset, float]]] = [[], [], []]
     for prefix, weight, num_samples in zip(prefixes, weights, per_dataset_num_samples, strict=True):
         datasets = _build_train_valid_test_datasets(
-            prefix, data_impl, splits_string, num_samples, seq_length, seed, skip_warmup
+            prefix, data_impl, splits_string, num_samples, seq_length, seed, skip_warmup, cache_path
         )
         for split, dataset in zip(splits, datasets, strict=True):
             if dataset is not None:
@@ -78,7 +80,7 @@ def get_datasets_weights_and_num_samples(
 
 def _build_train_valid_test_datasets(
     data_prefix: str, data_impl: str, splits_string: str, train_valid_test_num_samples: Sequence[int],
-    seq_length: int, seed: int, skip_warmup: bool,
+    seq_length: int, seed: int, skip_warmup: bool, cache_path: str | None = None,
 ) -> tuple[GPTDataset | None, ...]:
     indexed_dataset = make_dataset(data_prefix, data_impl, skip_warmup)
     splits = get_train_valid_test_split_(splits_string, len(indexed_dataset))
@@ -88,7 +90,7 @@ def _build_train_valid_test_datasets(
         if splits[index + 1] > splits[index] and num_samples > 0:
             documents = np.arange(splits[index], splits[index + 1], dtype=np.int64)
             datasets.append(
-                GPTDataset(name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed)
+                GPTDataset(name, data_prefix, documents, indexed_dataset, num_samples, seq_length, seed, cache_path)
             )
         else:
             datasets.append(None)
@@ -128,11 +130,11 @@ class GPTDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, name: str, data_prefix: str, documents: np.ndarray, indexed_dataset: MMapIndexedDataset,
-                 num_samples: int, seq_length: int, seed: int) -> None:
+                 num_samples: int, seq_length: int, seed: int, cache_path: str | None = None) -> None:
         self.name = name
         self.indexed_dataset = indexed_dataset
         self.doc_idx, self.sample_idx, self.shuffle_idx = _build_index_mappings(
-            name, data_prefix, documents, indexed_dataset.sizes, num_samples, seq_length, seed
+            name, data_prefix, documents, indexed_dataset.sizes, num_samples, seq_length, seed, cache_path
         )
 
     def __len__(self) -> int:
@@ -167,9 +169,11 @@ def _index_fingerprint(documents: np.ndarray, sizes: np.ndarray) -> str:
 
 def _build_index_mappings(
     name: str, data_prefix: str, documents: np.ndarray, sizes: np.ndarray, num_samples: int, seq_length: int,
-    seed: int,
+    seed: int, cache_path: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """doc_idx, sample_idx, shuffle_idx for num_samples samples, cached as .npy next to the data.
+    """doc_idx, sample_idx, shuffle_idx for num_samples samples, cached as .npy next to the data, or
+    with cache_path (--data-cache-path, for data on a read-only or shared file system) in that
+    directory under the data file's name (the fingerprint in the name tells same-named data apart).
 
     When torch.distributed is initialised only global rank 0 builds and saves;
     every rank then loads the same files.
@@ -182,13 +186,14 @@ def _build_index_mappings(
             f"or a larger {name} share in --split"
         )
     num_epochs = helpers.num_epochs(tokens_per_epoch, seq_length, num_samples)
-    filename = (
-        f"{data_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{_index_fingerprint(documents, sizes)}"
-    )
+    where = data_prefix if cache_path is None else os.path.join(cache_path, os.path.basename(data_prefix))
+    filename = f"{where}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{_index_fingerprint(documents, sizes)}"
     paths = {key: f"{filename}_{key}.npy" for key in ("doc_idx", "sample_idx", "shuffle_idx")}
 
     if _is_rank_0() and not all(os.path.isfile(p) for p in paths.values()):
         start = time.time()
+        if cache_path is not None:
+            os.makedirs(cache_path, exist_ok=True)
         # Megatron's rule: when under 80% of the last epoch is needed, shuffle
         # it on its own and put its samples last in shuffle_idx, so the samples
         # trained on are whole epochs plus a random part of the last one,

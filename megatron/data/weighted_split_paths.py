@@ -116,7 +116,7 @@ def groups_from_args(args: Namespace) -> dict[str, list[DatasetGroup]]:
 
 
 def build_group_dataset(group: DatasetGroup, split: str, num_samples: int, seq_length: int, seed: int,
-                        data_impl: str = "mmap") -> torch.utils.data.Dataset:
+                        data_impl: str = "mmap", cache_path: str | None = None) -> torch.utils.data.Dataset:
     """The group's dataset of `num_samples` samples: the one dataset's range, or a weighted blend."""
     from .blendable_dataset import BlendableDataset
     from .gpt_dataset import BLEND_OVERSAMPLE, GPTDataset
@@ -131,7 +131,7 @@ def build_group_dataset(group: DatasetGroup, split: str, num_samples: int, seq_l
         wanted = (num_samples if len(group.paths) == 1
                   else int(math.ceil(num_samples * shares[i] * BLEND_OVERSAMPLE)))
         documents = np.arange(first, last, dtype=np.int64)
-        datasets.append(GPTDataset(split, path, documents, indexed, wanted, seq_length, seed))
+        datasets.append(GPTDataset(split, path, documents, indexed, wanted, seq_length, seed, cache_path))
     if len(datasets) == 1:
         return datasets[0]
     return BlendableDataset(datasets, shares, num_samples)
@@ -139,7 +139,7 @@ def build_group_dataset(group: DatasetGroup, split: str, num_samples: int, seq_l
 
 def build_datasets(
     groups: dict[str, list[DatasetGroup]], train_valid_test_num_samples: Sequence[int], seq_length: int, seed: int,
-    data_impl: str = "mmap",
+    data_impl: str = "mmap", cache_path: str | None = None,
 ) -> tuple[torch.utils.data.Dataset | None, list[tuple[str, torch.utils.data.Dataset]] | None,
            list[tuple[str, torch.utils.data.Dataset]] | None]:
     """(train dataset, [(name, valid dataset)] or None, [(name, test dataset)] or None)."""
@@ -148,7 +148,7 @@ def build_datasets(
         if split not in groups or num_samples <= 0:
             out.append(None)
             continue
-        out.append([(g.name, build_group_dataset(g, split, num_samples, seq_length, seed, data_impl))
+        out.append([(g.name, build_group_dataset(g, split, num_samples, seq_length, seed, data_impl, cache_path))
                     for g in groups[split]])
     train = out[0][0][1] if out[0] else None
     return train, out[1], out[2]

@@ -10,6 +10,7 @@ the word embedding (tied, GPT-2) or, with --untie-embeddings-and-output-weights,
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from .config import GPTConfig
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
 from .moe.aux_loss import collect_aux_losses, record_moe_loss
-from .partition import DEFAULT_METHOD, stage_parts
+from .partition import DEFAULT_METHOD, FLOPS_METHOD, stage_parts
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpoint_chunks, checkpointed, run_layers
 
 
@@ -93,6 +94,15 @@ def take(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states
 
 
+# PipelineModule's constructor broadcasts the tied word embedding from the first stage to the last
+# (DeepSpeed's _synchronize_tied_weights) with grad mode on; c10d::broadcast_ has no autograd kernel,
+# so torch's fallback hooks the mutated leaf parameter with a hook that only warns when its
+# gradient is computed: once per rank, in the first backward. The hook passes the gradient through
+# unchanged (tests/test_pipeline.py: with the warning raised, every PP=2 update equals PP=1's, the
+# tied embedding's included), so this exact message is filtered and nothing else.
+TIED_BROADCAST_WARNING = r"c10d::broadcast_: an autograd kernel was not registered to the Autograd key"
+
+
 def _seed_layer(seed):
     # DeepSpeed's type: partitioning yields numpy layer indices; `random.seed` wants an int
     set_random_seed(int(seed))
@@ -119,9 +129,10 @@ class GPTModelPipe(PipelineModule):
                                        tied_weight_attr="word_embeddings_weight"))
         else:
             specs.append(LayerSpec(OutputLayer, config))
-        # the analytic split (partition.py; balanced by FLOPs by default) for the topology's stages
+        # the analytic split (partition.py; type:transformer by default) for the topology's stages
         self._parts = stage_parts(dataclasses.replace(shape, pipeline_model_parallel_size=topology.get_dim("pipe")))
         method = shape.pp_partition_method or DEFAULT_METHOD
+        warnings.filterwarnings("ignore", message=TIED_BROADCAST_WARNING, category=UserWarning)
         super().__init__(layers=specs, loss_fn=_pipe_loss, topology=topology,
                          seed_layers=True, base_seed=seed, seed_fn=_seed_layer, partition_method=method)
         if tuple(self.parts) != self._parts:  # DeepSpeed's own methods: it split, we predicted
@@ -139,8 +150,8 @@ class GPTModelPipe(PipelineModule):
 
     def _partition_layers(self, method):
         """DeepSpeed's methods stay DeepSpeed's (checked against ours above); its PipelineModule
-        has no method that weighs layers by cost, so the default split is set here."""
-        if method.lower() != DEFAULT_METHOD:
+        has no method that weighs layers by cost, so the flops split is set here."""
+        if method.lower() != FLOPS_METHOD:
             return super()._partition_layers(method=method)
         set_stage_bounds(self, self._parts)
 

@@ -6,7 +6,11 @@ the output layer (the tied embedding copy, or the untied OutputLayer). A split i
 boundaries `parts`: stage p holds items parts[p] .. parts[p + 1] - 1, as DeepSpeed's `parts`.
 
 --pp-partition-method:
-  (default, or "flops")  balanced by cost: the split whose most expensive stage has the fewest
+  (default) type:transformer
+                         the forks' default (BigScience when the flag is absent, Microsoft always):
+                         the transformer layers spread evenly, so a launch script splits as in the
+                         fork and fits the memory it fitted there.
+  flops                  balanced by cost: the split whose most expensive stage has the fewest
                          forward + backward FLOPs per sample (the formula of analytic.py, item by
                          item: embedding and norm 0, each transformer layer, the logits 6shV);
                          among those, the one whose largest stage holds the fewest parameters.
@@ -15,10 +19,11 @@ boundaries `parts`: stage p holds items parts[p] .. parts[p + 1] - 1, as DeepSpe
                          checkpoints and tools/param_count.py know the split without building the
                          model; the built module's split is checked against this one at startup.
 
-Both forks default to "type:transformer" (BigScience when the flag is absent, Microsoft always);
 BLOOM's scripts pass "type:transformer|embedding". With a large vocabulary the output layer alone
 costs several transformer layers, so an even layer count leaves every other stage waiting for the
-last one; the cost-balanced default gives the last stage fewer layers.
+last one; flops gives the last stage fewer layers. It is not the default: in 1F1B the first stage
+already keeps the most micro-batches in flight, and moving layers onto it raises its activation
+memory (the startup report shows, when the two differ, the predicted speed-up and both memories).
 """
 import re
 from collections.abc import Iterable, Sequence
@@ -37,7 +42,8 @@ from .analytic import (
 )
 from .shape import ModelShape
 
-DEFAULT_METHOD = "flops"
+DEFAULT_METHOD = "type:transformer"  # what an absent --pp-partition-method means (both forks)
+FLOPS_METHOD = "flops"  # ours: balanced by cost
 DEEPSPEED_METHODS = ("uniform", "parameters", "type:REGEX")
 TRANSFORMER_ITEM = "ParallelTransformerLayerPipe"
 
@@ -79,8 +85,8 @@ def pipe_items(shape: ModelShape) -> tuple[PipeItem, ...]:
 
 def method_error(method: str | None, shape: ModelShape) -> str | None:
     """One line naming --pp-partition-method and the fix, or None when the method applies."""
-    choices = f"use {DEFAULT_METHOD} (the default), {', '.join(DEEPSPEED_METHODS)}"
-    if method is None or method.lower() in (DEFAULT_METHOD, "uniform"):
+    choices = f"use {DEFAULT_METHOD} (the default), {FLOPS_METHOD}, {', '.join(DEEPSPEED_METHODS)}"
+    if method is None or method.lower() in (FLOPS_METHOD, "uniform"):
         return None
     lower = method.lower()
     if lower == "parameters":
@@ -185,13 +191,13 @@ def stage_parts(shape: ModelShape) -> tuple[int, ...]:
     model and layout alone: a checkpoint resumes with or without --checkpoint-activations."""
     items, parts = pipe_items(shape), shape.pipeline_model_parallel_size
     method = (shape.pp_partition_method or DEFAULT_METHOD).lower()
-    if method == DEFAULT_METHOD:
+    if method == FLOPS_METHOD:
         return tuple(_flops_balanced(items, parts))
     if method == "uniform":
         return tuple(_uniform(len(items), parts))
     if method == "parameters":
         return tuple(_spread_balanced([item.params for item in items], parts))
-    regex = re.compile(shape.pp_partition_method.split(":")[1], re.IGNORECASE)
+    regex = re.compile((shape.pp_partition_method or DEFAULT_METHOD).split(":")[1], re.IGNORECASE)
     return tuple(_spread_balanced([1 if regex.search(item.name) else 0 for item in items], parts))
 
 

@@ -76,7 +76,7 @@ class ModelShape:
     pad_vocab_size_to: int | None = None       # BigScience's --pad-vocab-size-to: exactly this many rows
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
-    # which stage holds which layer (megatron/model/partition.py); None: balanced by FLOPs
+    # which stage holds which layer (megatron/model/partition.py); None: type:transformer (the forks')
     pp_partition_method: str | None = None
     # architecture variants (GPT-2 when left at their defaults)
     position_embedding_type: str = "absolute"  # absolute (learned table), rotary, alibi, none
