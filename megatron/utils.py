@@ -35,7 +35,9 @@ from megatron.model.analytic import (
     analytic_parameter_counts,
     experts_per_expert_parallel_rank,
     flops_per_sample,
+    stage_items,
 )
+from megatron.model.partition import DEFAULT_METHOD, describe_stage
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -356,7 +358,6 @@ def pipeline_split_lines(shape: ModelShape) -> list[str]:
     imbalance of any split shows; the memory table gives each stage's predicted bytes."""
     if shape.pipeline_model_parallel_size == 1:
         return []
-    from megatron.model.partition import DEFAULT_METHOD, describe_stage, stage_items
     method = shape.pp_partition_method or f"{DEFAULT_METHOD}, the default: balanced by FLOPs"
     per_stage = stage_items(shape)
     total = sum(item.flops for items in per_stage for item in items)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from megatron.model.partition import stage_parts
+from megatron.model.analytic import layers_per_stage, stage_parts
 from megatron.model.shape import ConfigError, ModelShape
 
 HERE = os.path.dirname(__file__)
@@ -51,9 +51,9 @@ UNIFORM = stages([7] + [6] * 11)                                 # layers 6 x 11
 
 def test_deepspeed_methods_on_bloom_176b():
     assert list(stage_parts(bloom("type:transformer"))) == TYPE_TRANSFORMER
-    assert bloom("type:transformer").layers_per_stage() == [6] * 10 + [5, 5]
+    assert layers_per_stage(bloom("type:transformer")) == [6] * 10 + [5, 5]
     assert list(stage_parts(bloom("type:transformer|embedding"))) == TYPE_TRANSFORMER_EMBEDDING
-    assert bloom("type:transformer|embedding").layers_per_stage() == [5] + [6] * 10 + [5]
+    assert layers_per_stage(bloom("type:transformer|embedding")) == [5] + [6] * 10 + [5]
     assert list(stage_parts(bloom("uniform"))) == UNIFORM
 
 
@@ -67,7 +67,7 @@ def test_default_balances_flops_on_bloom_176b():
     assert 24 * 2048 * 14336 ** 2 + 4 * 2048 ** 2 * 14336 == 10_342_281_248_768
     assert 4 * 10_342_281_248_768 + 14_731_737_825_280 < 6 * 10_342_281_248_768 < 5 * 10_342_281_248_768 + \
         14_731_737_825_280
-    assert bloom(None).layers_per_stage() == [6] * 11 + [4]
+    assert layers_per_stage(bloom(None)) == [6] * 11 + [4]
     assert list(stage_parts(bloom(None))) == stages([7] + [6] * 10 + [6])
 
 
