@@ -20,8 +20,7 @@ from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
 def initialize_megatron(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> FrozenArgs:
     """Returns args, read-only from here on; the run's configuration as immutable values is
     args.run_config (megatron/run_config.py)."""
-    args = parse_args(extra_args_provider, args_list)
-    validate_args(args)
+    args = validate_args(parse_args(extra_args_provider, args_list))
     _initialize_distributed(args)
     _startup_lines(args)
     set_args(args)

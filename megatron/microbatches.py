@@ -52,7 +52,8 @@ def run_length(args: Namespace) -> tuple[int, int]:
             rest = iteration_cap - iterations
             if sample_cap < math.inf:
                 rest = min(rest, -(-(sample_cap - consumed) // gbs))
-            return iterations + rest, consumed + rest * gbs
+            # validate_args requires --train-iters or --train-samples: one cap is finite, rest an int
+            return iterations + rest, consumed + rest * gbs  # type: ignore[return-value]
         consumed += gbs
         iterations += 1
         calculator.update(consumed)

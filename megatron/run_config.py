@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from megatron.model.shape import ModelShape
 
@@ -170,11 +170,11 @@ class FrozenArgs(RunArgs):
 def as_run_args(args: argparse.Namespace) -> RunArgs:
     """Validation's result: the same object, its shape-derived names now reading args.model_shape."""
     args.__class__ = RunArgs
-    return args
+    return cast(RunArgs, args)
 
 
 def freeze_args(args: RunArgs, run_config: RunConfig) -> FrozenArgs:
     """The last step of initialize_megatron: args.run_config is set, then args turns read-only."""
     args.run_config = run_config
     args.__class__ = FrozenArgs
-    return args
+    return cast(FrozenArgs, args)

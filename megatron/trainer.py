@@ -21,14 +21,14 @@ from megatron.engine import engine_steps, pop_moe_loss
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.grad_stats import ZeroCounter, params_norm
 from megatron.learning_rates import AnnealingLR, schedule_lengths
-from megatron.memory_measure import finish_memory_probe, startup_report
+from megatron.memory_measure import MemoryProbe, finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.skip_iterations import skip_iteration, skipped_range
-from megatron.training_data import build_data_iterators
+from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
 from megatron.training_state import TrainingProgress
 from megatron.utils import (
@@ -85,8 +85,9 @@ class Trainer:
         self.progress = TrainingProgress()
         self.total_iterations = num_train_iterations(args)  # the log line's denominator
         self.train_iter: Iterator | None = None
-        self.valid_iters = self.test_iters = None  # [(group name, iterator)] or None
-        self.memory_measured = None  # after the first iteration (see measure_memory)
+        self.valid_iters: NamedIterators = None  # [(group name, iterator)] or None
+        self.test_iters: NamedIterators = None
+        self.memory_measured: list | None = None  # after the first iteration (see measure_memory)
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, args)
 
@@ -131,11 +132,11 @@ class Trainer:
         self.engine = engine
         self.lr_scheduler.optimizer = engine.optimizer  # DeepSpeed may wrap it; the wrapper owns param_groups
         # predicted memory per rank, MFU peak; arms the first iteration's measurement
-        self.memory_probe = startup_report(engine, args)
+        self.memory_probe: MemoryProbe | None = startup_report(engine, args)
         self.lr_scheduler.step(0)
         self.hooks.on_build(self)
 
-    def load(self) -> object:
+    def load(self) -> dict | None:
         """--load: the engine, scheduler and progress as saved; returns the saved RNG state."""
         rng_state = load_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
         self.hooks.on_load(self)
@@ -205,7 +206,7 @@ class Trainer:
         self.engine.train()
         stats = IntervalStats()
         start_time = time.time()
-        announced = set()
+        announced: set = set()
         while True:
             if self._schedule_done():
                 return "finished"

@@ -35,11 +35,11 @@ def build_data_iterators(provider: Callable, args: Namespace, progress: Training
     # every validation group resumes at the same position: each evaluation reads the same number
     # of samples from each group
     consumed = [progress.consumed_train_samples, progress.consumed_valid_samples, 0]
-    iterators = []
+    iterators: list[NamedIterators] = []
     for split, (named, done) in enumerate(zip(datasets, consumed, strict=True)):
         named = named if isinstance(named, list) else [(None, named)]
         workers = args.valid_num_workers if split == 1 and args.valid_num_workers is not None else args.num_workers
-        split_iterators = []
+        split_iterators: list[tuple[str | None, Iterator]] = []
         for name, dataset in named:
             # a finished run reloaded with a shorter schedule has nothing left
             position = done if dataset is None else min(done, len(dataset))

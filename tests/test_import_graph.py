@@ -125,3 +125,19 @@ def test_the_graph_sees_hidden_circles(tmp_path):
     found = cycles(import_graph(str(tmp_path), "pkg"))
     assert sorted(found) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"],
                              ["pkg.e", "pkg.sub", "pkg.sub.inner"]]
+
+
+def test_no_test_module_imports_another():
+    """Shared fixtures live in tests/conftest.py and shared helpers in modules not named test_*, so
+    each test module is collected once and runs on its own."""
+    tests = os.path.join(ROOT, "tests")
+    found = []
+    for name in sorted(os.listdir(tests)):
+        if name.endswith(".py"):
+            with open(os.path.join(tests, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read(), name)
+            for node in ast.walk(tree):
+                imported = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                            else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{name}: {module}" for module in imported if module.split(".")[-1].startswith("test_")]
+    assert not found, found

@@ -387,7 +387,8 @@ def recomputed_layers(shape: ModelShape, method: str | None, num_layers: int) ->
         return []
     if method == "uniform":
         return list(range(shape.num_layers))
-    layers, first = [], 0
+    layers: list[int] = []
+    first = 0
     for stage_layers in layers_per_stage(shape):
         layers += range(first, first + min(num_layers, stage_layers))
         first += stage_layers
