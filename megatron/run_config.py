@@ -22,6 +22,18 @@ if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags 
 
 @dataclass(frozen=True)
 class ParallelLayout:
+    """The TP x PP x DP (x EP) layout and this process's rank. After initialization it is the one
+    owner of the parallel sizes (torchtitan's ParallelDims): initialize_megatron builds it once per
+    process, right after torch.distributed starts, and keeps it as `args.run_config.parallel`. The
+    other holders exist for readers that cannot reach it, and each is made from it or checked
+    against it:
+    - the mpu process groups (megatron/mpu/parallel_state.py) are built from its sizes, and their
+      data-parallel size is checked against it;
+    - once args is frozen (FrozenArgs), args.tensor_model_parallel_size, ...data_parallel_size,
+      .world_size and .rank read it, so get_args() readers and launch-script flags keep working;
+    - ModelShape keeps the TP and PP sizes because the parameter table, the counts, FLOPs and
+      tools/param_count.py need them without processes (torch-free); RunConfig refuses a shape
+      whose sizes differ from the layout's."""
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
     data_parallel_size: int
@@ -29,6 +41,12 @@ class ParallelLayout:
     world_size: int
     rank: int
     ds_pipeline_enabled: bool  # DeepSpeed's PipelineModule (False: --no-pipeline-parallel)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ParallelLayout":
+        """From validated flags (args.rank: set once torch.distributed started)."""
+        return cls(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size,
+                   args.model_shape.moe_expert_parallel_size, args.world_size, args.rank, args.ds_pipeline_enabled)
 
 
 @dataclass(frozen=True)
@@ -87,14 +105,21 @@ class RunConfig:
     resume: ResumePlan
     mfu: Any  # megatron.mfu.MfuSettings (model FLOPs per sample, the device's peak, where it came from)
 
+    def __post_init__(self) -> None:
+        shape, layout = self.model_shape, self.parallel
+        if (shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size) != \
+                (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size):
+            raise RuntimeError(f"the model shape's TP x PP {shape.tensor_model_parallel_size} x "
+                               f"{shape.pipeline_model_parallel_size} differs from the parallel layout's "
+                               f"{layout.tensor_model_parallel_size} x {layout.pipeline_model_parallel_size}")
+
     @classmethod
-    def from_args(cls, args: argparse.Namespace, resume: ResumePlan, mfu: Any) -> "RunConfig":
-        shape = args.model_shape
+    def from_args(cls, args: argparse.Namespace, parallel: ParallelLayout, resume: ResumePlan,
+                  mfu: Any) -> "RunConfig":
+        """`parallel`: the layout the process groups were built from (initialize_megatron)."""
         return cls(
-            model_shape=shape,
-            parallel=ParallelLayout(args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-                                    args.data_parallel_size, shape.moe_expert_parallel_size, args.world_size,
-                                    args.rank, args.ds_pipeline_enabled),
+            model_shape=args.model_shape,
+            parallel=parallel,
             precision=Precision(args.fp16, args.bf16, args.params_dtype),
             batch=BatchSchedule(args.micro_batch_size, args.global_batch_size,
                                 tuple(args.rampup_batch_size) if args.rampup_batch_size else None,
@@ -148,9 +173,21 @@ class FrozenArgsError(AttributeError):
     """A write onto args after initialize_megatron."""
 
 
+def _layout_value(name: str) -> property:
+    return property(lambda self: getattr(self.run_config.parallel, name))
+
+
 class FrozenArgs(RunArgs):
     """`args` after initialize_megatron: a late write raises, except the parameter-count cache
     (megatron/utils.py: COUNT_CACHE, once); the Trainer keeps the run's state on itself."""
+
+    # the parallel sizes read the layout, their one owner after initialization (ParallelLayout)
+    tensor_model_parallel_size = _layout_value("tensor_model_parallel_size")
+    pipeline_model_parallel_size = _layout_value("pipeline_model_parallel_size")
+    data_parallel_size = _layout_value("data_parallel_size")
+    world_size = _layout_value("world_size")
+    rank = _layout_value("rank")
+    ds_pipeline_enabled = _layout_value("ds_pipeline_enabled")
 
     def __setattr__(self, name: str, value: Any) -> None:
         from megatron.utils import COUNT_CACHE

@@ -36,6 +36,18 @@ def _initialized():
         "args.padded_vocab_size": _attempt(lambda: setattr(args, "padded_vocab_size", 1)),
         "del args.seed": _attempt(lambda: delattr(args, "seed")),
     }
+    # the layout owns the parallel sizes: args reads them off it (shown by changing the frozen value
+    # behind its back), the process groups were built from it, a shape of another TP x PP is refused
+    from megatron import mpu
+    sizes = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size)
+    object.__setattr__(config.parallel, "data_parallel_size", 3)
+    reads_layout = (args.data_parallel_size, vars(args)["data_parallel_size"])
+    object.__setattr__(config.parallel, "data_parallel_size", 1)
+    groups = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
+              mpu.get_data_parallel_world_size())
+    other_shape = dataclasses.replace(config.model_shape, tensor_model_parallel_size=2)
+    mismatch = _attempt(lambda: dataclasses.replace(config, model_shape=other_shape))
+    write_dp = _attempt(lambda: setattr(args, "data_parallel_size", 2))
     cache = _attempt(lambda: setattr(get_args(), "parameters", 123))  # the one late write allowed
     cache_again = _attempt(lambda: setattr(args, "parameters", 456))  # ... once
     ds_copy = config.deepspeed_config_dict()
@@ -46,7 +58,8 @@ def _initialized():
             "derived": (args.padded_vocab_size, args.ffn_hidden_size, args.kv_channels, args.max_position_embeddings,
                         args.num_key_value_heads, args.make_vocab_size_divisible_by),
             "layout": dataclasses.astuple(config.parallel), "batch": dataclasses.astuple(config.batch),
-            "gbs": args.global_batch_size}
+            "gbs": args.global_batch_size, "sizes": sizes, "reads_layout": reads_layout, "groups": groups,
+            "mismatch": mismatch, "write_dp": write_dp}
 
 
 def test_configuration_is_frozen_after_initialization():
@@ -70,3 +83,7 @@ def test_configuration_is_frozen_after_initialization():
     # TP, PP, DP, EP, world size, rank, pipeline engine; mbs, gbs, no ramp-up, seq, iters, samples, tokens
     assert out["layout"] == (1, 1, 1, 1, 1, 0, True)
     assert out["batch"] == (2, 4, None, 32, 2, None, None) and out["gbs"] == 4
+    assert out["sizes"] == out["groups"] == (1, 1, 1)
+    assert out["reads_layout"] == (3, 1)  # the layout's value; vars(args) keeps the validated one
+    assert out["mismatch"][0] == "RuntimeError" and "differs from the parallel layout's 1 x 1" in out["mismatch"][1]
+    assert out["write_dp"][0] == "FrozenArgsError"
