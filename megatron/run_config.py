@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
+from megatron.learning_rates import schedule_lengths
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -87,6 +88,52 @@ class OptimizerSettings:
 
 
 @dataclass(frozen=True)
+class LRSchedule:
+    """The learning-rate schedule (megatron/learning_rates.py: AnnealingLR) in samples, or in
+    tokens where --lr-warmup-tokens / --lr-decay-tokens give them."""
+    max_lr: float
+    min_lr: float
+    decay_style: str
+    warmup_samples: int
+    decay_samples: int
+    warmup_tokens: int | None
+    decay_tokens: int | None
+    tokens_per_sample: int
+    use_checkpoint_scheduler: bool  # --use-checkpoint-opt_param-scheduler
+    override_scheduler: bool        # --override-opt_param-scheduler
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "LRSchedule":
+        (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+        return cls(args.lr, args.min_lr, args.lr_decay_style, warmup, decay, warmup_tokens, decay_tokens,
+                   args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler)
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """When the Trainer evaluates (every --eval-interval iterations, and at the end) and on how many
+    batches (--eval-iters; 0: never)."""
+    eval_interval: int | None
+    eval_iters: int
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EvaluationSettings":
+        return cls(args.eval_interval, args.eval_iters)
+
+
+@dataclass(frozen=True)
+class ExitSettings:
+    """What stops a run before its schedule ends (the schedule's own end: BatchSchedule)."""
+    exit_interval: int | None
+    exit_duration_in_mins: float | None
+    kill_switch_path: str | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ExitSettings":
+        return cls(args.exit_interval, args.exit_duration_in_mins, getattr(args, "kill_switch_path", None))
+
+
+@dataclass(frozen=True)
 class ResumePlan:
     """What --load found before the model was built (megatron/resume_reshard.py)."""
     universal_tag: str | None = None                 # --universal-checkpoint: the converted folder's tag
@@ -101,6 +148,9 @@ class RunConfig:
     precision: Precision
     batch: BatchSchedule
     optimizer: OptimizerSettings
+    lr_schedule: LRSchedule
+    evaluation: EvaluationSettings
+    exit: ExitSettings
     deepspeed_config: Mapping[str, Any]  # read-only; deepspeed_config_dict() gives a copy to hand DeepSpeed
     resume: ResumePlan
     mfu: Any  # megatron.mfu.MfuSettings (model FLOPs per sample, the device's peak, where it came from)
@@ -127,6 +177,9 @@ class RunConfig:
             optimizer=OptimizerSettings(args.optimizer, args.lr, args.min_lr, args.lr_decay_style, args.weight_decay,
                                         args.clip_grad, args.adam_beta1, args.adam_beta2, args.adam_eps,
                                         args.sgd_momentum, args.zero_stage),
+            lr_schedule=LRSchedule.from_args(args),
+            evaluation=EvaluationSettings.from_args(args),
+            exit=ExitSettings.from_args(args),
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
             mfu=mfu,

@@ -20,13 +20,14 @@ from megatron.deepspeed_internals import current_loss_scale, save_and_load_as_mo
 from megatron.engine import engine_steps, pop_moe_loss
 from megatron.global_vars import close_tensorboard_writer, get_timers
 from megatron.grad_stats import ZeroCounter, params_norm
-from megatron.learning_rates import AnnealingLR, schedule_lengths
+from megatron.learning_rates import AnnealingLR
 from megatron.memory_measure import MemoryProbe, finish_memory_probe, startup_report
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
+from megatron.run_config import EvaluationSettings, ExitSettings, LRSchedule
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
@@ -80,6 +81,12 @@ class Trainer:
     def __init__(self, args: Namespace, model_provider: Callable, forward_step_func: Callable,
                  hooks: TrainerHooks | None = None, start_time: float | None = None) -> None:
         self.args = args
+        # its sections of the run configuration (megatron/run_config.py); a Trainer built from flags
+        # that initialize_megatron has not frozen (tests, benchmarks) builds them the same way
+        config = getattr(args, "run_config", None)
+        self.lr_schedule = config.lr_schedule if config else LRSchedule.from_args(args)
+        self.evaluation = config.evaluation if config else EvaluationSettings.from_args(args)
+        self.exit = config.exit if config else ExitSettings.from_args(args)
         self.hooks = hooks or TrainerHooks()
         self.start_time = time.time() if start_time is None else start_time
         self.progress = TrainingProgress()
@@ -115,7 +122,7 @@ class Trainer:
         self.zero_counter = ZeroCounter(optimizer, model, mpu) if args.log_num_zeros_in_grad else None
         self.calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                                     args.data_parallel_size, args.rampup_batch_size)
-        self.lr_scheduler = _build_lr_scheduler(optimizer, args)
+        self.lr_scheduler = _build_lr_scheduler(optimizer, self.lr_schedule)
         config = dict(args.deepspeed_config_dict)
         if uses_own_clipping(args):
             config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
@@ -254,21 +261,21 @@ class Trainer:
         return self.progress.iteration % self.args.log_interval == 0
 
     def _should_evaluate(self) -> bool:
-        args = self.args
-        return (self.valid_iters is not None and bool(args.eval_interval)
-                and self.progress.iteration % args.eval_interval == 0 and args.eval_iters > 0)
+        evaluation = self.evaluation
+        return (self.valid_iters is not None and bool(evaluation.eval_interval)
+                and self.progress.iteration % evaluation.eval_interval == 0 and evaluation.eval_iters > 0)
 
     def _should_save(self) -> bool:
         args = self.args
         return bool(args.save and args.save_interval) and self.progress.iteration % args.save_interval == 0
 
     def _should_exit(self, start_time: float) -> str | None:
-        args = self.args
-        if args.exit_interval and self.progress.iteration % args.exit_interval == 0:
+        settings = self.exit
+        if settings.exit_interval and self.progress.iteration % settings.exit_interval == 0:
             return "exit-interval"
-        late, killed = exit_signals(start_time, args)
+        late, killed = exit_signals(start_time, settings)
         if killed:
-            print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
+            print_rank_0(f"Detected kill switch at {settings.kill_switch_path}. Exiting")
             return "kill-switch"
         return "exit-duration" if late else None
 
@@ -302,7 +309,7 @@ class Trainer:
 
     def evaluate(self, data_iterator: Iterator) -> tuple[float, int]:
         """Mean loss over --eval-iters batches of the current global batch size, and the samples read."""
-        eval_iters = self.args.eval_iters
+        eval_iters = self.evaluation.eval_iters
         self.engine.eval()
         total = 0.0
         for _ in range(eval_iters):
@@ -333,11 +340,12 @@ class Trainer:
         args, progress = self.args, self.progress
         unsaved = args.save and progress.last_saved_iteration != progress.iteration
         if stop == "finished":
-            if self.valid_iters is not None and args.eval_iters > 0:
+            if self.valid_iters is not None and self.evaluation.eval_iters > 0:
                 self.validate("the end of training for val data")
             if unsaved and progress.iteration > 0:
                 self.save()
-            for name, test_iter in self.test_iters if self.test_iters is not None and args.eval_iters > 0 else []:
+            testing = self.test_iters is not None and self.evaluation.eval_iters > 0
+            for name, test_iter in self.test_iters if testing else []:
                 loss, _ = self.evaluate(test_iter)
                 self._log_evaluation("the end of training for test data", loss, name, tensorboard=False)
         else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path: save and leave
@@ -348,26 +356,26 @@ class Trainer:
         close_tensorboard_writer()
 
 
-def _build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Namespace) -> AnnealingLR:
+def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> AnnealingLR:
     """Schedule lengths in samples (iteration-based flags converted with the global batch), or in
     tokens where --lr-warmup-tokens / --lr-decay-tokens give them."""
-    (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
-    return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style,
-                       tokens_per_sample=args.seq_length, warmup_tokens=warmup_tokens, decay_tokens=decay_tokens,
-                       use_checkpoint_scheduler=args.use_checkpoint_opt_param_scheduler,
-                       override_scheduler=args.override_opt_param_scheduler)
+    return AnnealingLR(optimizer, schedule.max_lr, schedule.min_lr, schedule.warmup_samples, schedule.decay_samples,
+                       schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
+                       warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens,
+                       use_checkpoint_scheduler=schedule.use_checkpoint_scheduler,
+                       override_scheduler=schedule.override_scheduler)
 
 
-def exit_signals(start_time: float, args: Namespace) -> tuple[bool, bool]:
+def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]:
     """(out of time, kill switch), decided together: one MAX all-reduce of both flags, so one rank
     past --exit-duration-in-mins, or one rank that sees the --kill-switch-path file, stops every rank
     after the same iteration (a rank alone in the exit save's barrier would hang the job). No
     collective when neither flag is given; with either, this is the iteration's one extra collective
     (two floats; a file stat per rank)."""
-    kill_switch = getattr(args, "kill_switch_path", None)
-    if not args.exit_duration_in_mins and not kill_switch:
+    kill_switch, minutes = settings.kill_switch_path, settings.exit_duration_in_mins
+    if not minutes and not kill_switch:
         return False, False
-    late = bool(args.exit_duration_in_mins) and time.time() - start_time > 60 * args.exit_duration_in_mins
+    late = bool(minutes) and time.time() - start_time > 60 * minutes
     flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch))])
     if torch.cuda.is_available():
         flags = flags.cuda()

@@ -59,7 +59,9 @@ def _initialized():
                         args.num_key_value_heads, args.make_vocab_size_divisible_by),
             "layout": dataclasses.astuple(config.parallel), "batch": dataclasses.astuple(config.batch),
             "gbs": args.global_batch_size, "sizes": sizes, "reads_layout": reads_layout, "groups": groups,
-            "mismatch": mismatch, "write_dp": write_dp}
+            "mismatch": mismatch, "write_dp": write_dp,
+            "sections": [dataclasses.astuple(s) for s in (config.lr_schedule, config.evaluation, config.exit)],
+            "section_write": _attempt(lambda: setattr(config.evaluation, "eval_iters", 1))}
 
 
 def test_configuration_is_frozen_after_initialization():
@@ -87,3 +89,10 @@ def test_configuration_is_frozen_after_initialization():
     assert out["reads_layout"] == (3, 1)  # the layout's value; vars(args) keeps the validated one
     assert out["mismatch"][0] == "RuntimeError" and "differs from the parallel layout's 1 x 1" in out["mismatch"][1]
     assert out["write_dp"][0] == "FrozenArgsError"
+    # the Trainer's sections, from FLAGS and the flags' defaults: lr 1e-4 to --min-lr 0 (linear decay),
+    # no warmup, decay over --train-iters 2 x global batch 4 = 8 samples, 32 tokens a sample, no token
+    # lengths; --eval-interval 1000 of --eval-iters 100; no exit flag
+    lr_schedule, evaluation, exit_settings = out["sections"]
+    assert lr_schedule == (1e-4, 0.0, "linear", 0, 8, None, None, 32, False, False)
+    assert evaluation == (1000, 100) and exit_settings == (None, None, None)
+    assert out["section_write"][0] == "FrozenInstanceError"
