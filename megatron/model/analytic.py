@@ -1,6 +1,8 @@
 """What a ModelShape builds, from the shape alone (torch-free): every parameter tensor with its
 full shape, TP split rule, module names and pipeline placement (the parameter table), the exact
-counts that follow from it, and the FLOPs formula.
+counts that follow from it, and the FLOPs formula. The pipeline placement weighs the pipe's layers
+(ModelShape.pipe_layers, in order) by parameters and FLOPs (`pipe_items`) and splits them with the
+rules of megatron/model/partition.py (`stage_parts`).
 
 The table is the one description of the parameters: the build-time matcher (megatron/utils.py),
 resharding (megatron/checkpoint_reshard.py) and the transformers export
