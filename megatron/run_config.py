@@ -60,6 +60,10 @@ class Precision:
     def name(self) -> str:
         return "fp16" if self.fp16 else ("bf16" if self.bf16 else "fp32")
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Precision":
+        return cls(args.fp16, args.bf16, args.params_dtype)
+
 
 @dataclass(frozen=True)
 class BatchSchedule:
@@ -85,6 +89,13 @@ class OptimizerSettings:
     adam_eps: float
     sgd_momentum: float
     zero_stage: int
+    create_moe_param_group: bool  # the experts in parameter groups of their own (DeepSpeed's ZeRO needs it)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "OptimizerSettings":
+        return cls(args.optimizer, args.lr, args.min_lr, args.lr_decay_style, args.weight_decay, args.clip_grad,
+                   args.adam_beta1, args.adam_beta2, args.adam_eps, args.sgd_momentum, args.zero_stage,
+                   bool(getattr(args, "create_moe_param_group", False)))
 
 
 @dataclass(frozen=True)
@@ -170,13 +181,11 @@ class RunConfig:
         return cls(
             model_shape=args.model_shape,
             parallel=parallel,
-            precision=Precision(args.fp16, args.bf16, args.params_dtype),
+            precision=Precision.from_args(args),
             batch=BatchSchedule(args.micro_batch_size, args.global_batch_size,
                                 tuple(args.rampup_batch_size) if args.rampup_batch_size else None,
                                 args.seq_length, args.train_iters, args.train_samples, args.train_tokens),
-            optimizer=OptimizerSettings(args.optimizer, args.lr, args.min_lr, args.lr_decay_style, args.weight_decay,
-                                        args.clip_grad, args.adam_beta1, args.adam_beta2, args.adam_eps,
-                                        args.sgd_momentum, args.zero_stage),
+            optimizer=OptimizerSettings.from_args(args),
             lr_schedule=LRSchedule.from_args(args),
             evaluation=EvaluationSettings.from_args(args),
             exit=ExitSettings.from_args(args),

@@ -27,7 +27,7 @@ from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
-from megatron.run_config import EvaluationSettings, ExitSettings, LRSchedule
+from megatron.run_config import EvaluationSettings, ExitSettings, LRSchedule, OptimizerSettings, Precision
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
@@ -87,6 +87,8 @@ class Trainer:
         self.lr_schedule = config.lr_schedule if config else LRSchedule.from_args(args)
         self.evaluation = config.evaluation if config else EvaluationSettings.from_args(args)
         self.exit = config.exit if config else ExitSettings.from_args(args)
+        self.optimizer_settings = config.optimizer if config else OptimizerSettings.from_args(args)
+        self.precision = config.precision if config else Precision.from_args(args)
         self.hooks = hooks or TrainerHooks()
         self.start_time = time.time() if start_time is None else start_time
         self.progress = TrainingProgress()
@@ -117,18 +119,19 @@ class Trainer:
             print_rank_0(line)
         log_model_size(args, report)
 
-        optimizer = build_optimizer(model, args)
+        optimizer = build_optimizer(model, self.optimizer_settings, self.precision)
+        own_clipping = uses_own_clipping(self.optimizer_settings, self.precision)
         # --log-num-zeros-in-grad: counted in a pre-step hook (after the clipping hook)
         self.zero_counter = ZeroCounter(optimizer, model, mpu) if args.log_num_zeros_in_grad else None
         self.calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                                     args.data_parallel_size, args.rampup_batch_size)
         self.lr_scheduler = _build_lr_scheduler(optimizer, self.lr_schedule)
         config = dict(args.deepspeed_config_dict)
-        if uses_own_clipping(args):
+        if own_clipping:
             config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                mpu=None if args.ds_pipeline_enabled else mpu)
-        if args.data_parallel_size == 1 and uses_own_clipping(args) and not args.model_shape.is_moe:
+        if args.data_parallel_size == 1 and own_clipping and not args.model_shape.is_moe:
             # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
             # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
             skip_gradient_allreduce(engine)  # DeepSpeedEngine.backward, PipelineEngine's ReduceGrads
