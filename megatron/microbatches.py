@@ -60,6 +60,13 @@ def run_length(args: Namespace) -> tuple[int, int]:
     return iterations, consumed
 
 
+def train_samples(args: Namespace) -> int:
+    """Samples the training split is sized for (--train-tokens: what the run consumes up to it)."""
+    if args.train_tokens is not None:
+        return run_length(args)[1]
+    return args.train_samples if args.train_samples is not None else args.train_iters * args.global_batch_size
+
+
 def num_train_iterations(args: Namespace) -> int:
     """Iterations of the run (see run_length)."""
     return run_length(args)[0]

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 from megatron.learning_rates import schedule_lengths
+from megatron.microbatches import train_samples
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -133,6 +134,25 @@ class EvaluationSettings:
 
 
 @dataclass(frozen=True)
+class DataSettings:
+    """What the data iterators (megatron/training_data.py) and the skipped iterations read; the
+    dataset provider keeps its own flags (--data-path, --split, ...)."""
+    micro_batch_size: int
+    global_batch_size: int
+    train_samples: int  # what the training split is sized for (megatron/microbatches.py: train_samples)
+    num_workers: int
+    valid_num_workers: int | None
+    skip_train_iteration_range: tuple[tuple[int, int], ...] | None  # inclusive iteration ranges
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DataSettings":
+        skipped = args.skip_train_iteration_range
+        return cls(args.micro_batch_size, args.global_batch_size, train_samples(args), args.num_workers,
+                   args.valid_num_workers,
+                   tuple(tuple(r) for r in skipped) if skipped else None)
+
+
+@dataclass(frozen=True)
 class ExitSettings:
     """What stops a run before its schedule ends (the schedule's own end: BatchSchedule)."""
     exit_interval: int | None
@@ -160,6 +180,7 @@ class RunConfig:
     batch: BatchSchedule
     optimizer: OptimizerSettings
     lr_schedule: LRSchedule
+    data: DataSettings
     evaluation: EvaluationSettings
     exit: ExitSettings
     deepspeed_config: Mapping[str, Any]  # read-only; deepspeed_config_dict() gives a copy to hand DeepSpeed
@@ -187,6 +208,7 @@ class RunConfig:
                                 args.seq_length, args.train_iters, args.train_samples, args.train_tokens),
             optimizer=OptimizerSettings.from_args(args),
             lr_schedule=LRSchedule.from_args(args),
+            data=DataSettings.from_args(args),
             evaluation=EvaluationSettings.from_args(args),
             exit=ExitSettings.from_args(args),
             deepspeed_config=_read_only(args.deepspeed_config_dict),

@@ -27,7 +27,7 @@ from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
-from megatron.run_config import EvaluationSettings, ExitSettings, LRSchedule, OptimizerSettings, Precision
+from megatron.run_config import DataSettings, EvaluationSettings, ExitSettings, LRSchedule, OptimizerSettings, Precision
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
@@ -85,6 +85,7 @@ class Trainer:
         # that initialize_megatron has not frozen (tests, benchmarks) builds them the same way
         config = getattr(args, "run_config", None)
         self.lr_schedule = config.lr_schedule if config else LRSchedule.from_args(args)
+        self.data = config.data if config else DataSettings.from_args(args)
         self.evaluation = config.evaluation if config else EvaluationSettings.from_args(args)
         self.exit = config.exit if config else ExitSettings.from_args(args)
         self.optimizer_settings = config.optimizer if config else OptimizerSettings.from_args(args)
@@ -158,7 +159,7 @@ class Trainer:
             self.hooks.on_batch(self, data)
             return batch_fn(data)
         self.train_iter, self.valid_iters, self.test_iters = build_data_iterators(
-            dataset_provider, self.args, self.progress, watched, self.total_iterations)
+            dataset_provider, self.args, self.data, self.evaluation, self.progress, watched, self.total_iterations)
 
     def run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         """Load, build the data, train, then the end-of-run evaluation and save (or the exit save).
@@ -248,7 +249,7 @@ class Trainer:
     def _skip_iteration(self, announced: set) -> bool:
         """--skip-train-iteration-range: read and drop this iteration's batches
         (megatron/skip_iterations.py); True when this iteration was skipped."""
-        skipped = skipped_range(self.args.skip_train_iteration_range, self.progress.iteration + 1)
+        skipped = skipped_range(self.data.skip_train_iteration_range, self.progress.iteration + 1)
         if not skipped:
             return False
         if skipped not in announced:
