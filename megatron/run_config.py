@@ -76,6 +76,12 @@ class BatchSchedule:
     train_samples: int | None
     train_tokens: int | None
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "BatchSchedule":
+        return cls(args.micro_batch_size, args.global_batch_size,
+                   tuple(args.rampup_batch_size) if args.rampup_batch_size else None,
+                   args.seq_length, args.train_iters, args.train_samples, args.train_tokens)
+
 
 @dataclass(frozen=True)
 class OptimizerSettings:
@@ -203,9 +209,7 @@ class RunConfig:
             model_shape=args.model_shape,
             parallel=parallel,
             precision=Precision.from_args(args),
-            batch=BatchSchedule(args.micro_batch_size, args.global_batch_size,
-                                tuple(args.rampup_batch_size) if args.rampup_batch_size else None,
-                                args.seq_length, args.train_iters, args.train_samples, args.train_tokens),
+            batch=BatchSchedule.from_args(args),
             optimizer=OptimizerSettings.from_args(args),
             lr_schedule=LRSchedule.from_args(args),
             data=DataSettings.from_args(args),

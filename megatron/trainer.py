@@ -27,7 +27,15 @@ from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
 from megatron.optimizer_states import log_optimizer_states, optimizer_state_norms
-from megatron.run_config import DataSettings, EvaluationSettings, ExitSettings, LRSchedule, OptimizerSettings, Precision
+from megatron.run_config import (
+    BatchSchedule,
+    DataSettings,
+    EvaluationSettings,
+    ExitSettings,
+    LRSchedule,
+    OptimizerSettings,
+    Precision,
+)
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_log import IntervalStats, evaluation_log, log_model_size, training_log
@@ -85,6 +93,7 @@ class Trainer:
         # that initialize_megatron has not frozen (tests, benchmarks) builds them the same way
         config = getattr(args, "run_config", None)
         self.lr_schedule = config.lr_schedule if config else LRSchedule.from_args(args)
+        self.batch = config.batch if config else BatchSchedule.from_args(args)
         self.data = config.data if config else DataSettings.from_args(args)
         self.evaluation = config.evaluation if config else EvaluationSettings.from_args(args)
         self.exit = config.exit if config else ExitSettings.from_args(args)
@@ -241,10 +250,10 @@ class Trainer:
                 return stop
 
     def _schedule_done(self) -> bool:
-        args, progress = self.args, self.progress
-        return ((args.train_iters is not None and progress.iteration >= args.train_iters)
-                or (args.train_samples is not None and progress.consumed_train_samples >= args.train_samples)
-                or (args.train_tokens is not None and progress.consumed_train_tokens >= args.train_tokens))
+        batch, progress = self.batch, self.progress
+        return ((batch.train_iters is not None and progress.iteration >= batch.train_iters)
+                or (batch.train_samples is not None and progress.consumed_train_samples >= batch.train_samples)
+                or (batch.train_tokens is not None and progress.consumed_train_tokens >= batch.train_tokens))
 
     def _skip_iteration(self, announced: set) -> bool:
         """--skip-train-iteration-range: read and drop this iteration's batches
