@@ -6,6 +6,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from typing import cast
 
 from megatron.model.shape import (  # noqa: F401
     GLU_ACTIVATIONS,
@@ -501,7 +502,7 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
     check_logging_flags(args, fp32_zero0=not (args.fp16 or args.bf16) and args.zero_stage == 0)
-    return args
+    return cast(RunArgs, args)  # as_run_args above made it one
 
 
 def _resolve_activation_checkpointing(args):

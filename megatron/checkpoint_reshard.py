@@ -139,7 +139,7 @@ class Checkpoint:
                 raise ConfigError(f"{path}: checkpoint shard is unreadable ({type(e).__name__}); "
                                   f"the checkpoint is incomplete or corrupt") from None
 
-    def _layers(self, layers):
+    def _layers(self, layers: Iterable[int] | None) -> set[int]:
         return {s.layer for s in self.specs.values()} if layers is None else set(layers)
 
     # --- reading ------------------------------------------------------------------------------
@@ -231,11 +231,11 @@ class Checkpoint:
         """({(layer, key): fp32 master or None}, {(layer, key): optimizer state}): the fp32 master
         weights (None where the weights are the masters: the plain fp32 optimizer) and Adam's
         full moments and step, whatever the saved precision, ZeRO stage and layout."""
-        layers = self._layers(layers)
+        wanted = self._layers(layers)
         if self.saved_setup()["form"] == "flat":
             from megatron.checkpoint_zero_state import read_flat_state
-            return read_flat_state(self, layers, table_key)
-        states, _ = self.read_optimizer(layers)
+            return read_flat_state(self, wanted, table_key)
+        states, _ = self.read_optimizer(wanted)
         return {}, states
 
     def read_optimizer(self, layers: Iterable[int] | None = None

@@ -81,11 +81,11 @@ def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> t
     for ident, slices in parts.items():
         spec = checkpoint.specs[ident]
         masters[ident] = checkpoint._merge([s["fp32"] for s in slices], spec, f"fp32 master of {ident}")
-        state = {k: checkpoint._merge([s[k] for s in slices], spec, f"optimizer {k} of {ident}")
-                 for k in MOMENTS if k in slices[0]}
+        merged = {k: checkpoint._merge([s[k] for s in slices], spec, f"optimizer {k} of {ident}")
+                  for k in MOMENTS if k in slices[0]}
         if "step" in slices[0]:
-            state["step"] = slices[0]["step"]
-        states[ident] = state
+            merged["step"] = slices[0]["step"]
+        states[ident] = merged
     return masters, states
 
 

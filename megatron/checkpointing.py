@@ -27,6 +27,7 @@ from megatron.checkpoint_layout import (
     write_tracker,
 )
 from megatron.checkpoint_reshard import optimizer_param_names
+from megatron.run_config import ResumePlan
 from megatron.training_state import saved_progress
 from megatron.universal_checkpoint import attach_universal_checkpoint_info
 
@@ -83,7 +84,7 @@ def _moe_writers(engine, args):
     return every_tp_rank_writes_its_files(engine)
 
 
-def check_layout(load_dir: str, iteration: int, args: Any) -> None:
+def check_layout(load_dir: str, iteration: int, args: Any) -> ResumePlan | None:
     # a checkpoint written before architecture variants existed reads as a GPT-2
     saved = read_layout(step_dir(load_dir, iteration), f"--load {load_dir}")
     # another shape or precision fails here; another TP x PP x DP layout, pipeline split or ZeRO stage
@@ -92,13 +93,14 @@ def check_layout(load_dir: str, iteration: int, args: Any) -> None:
     return plan_reshard(load_dir, iteration, saved, _layout(args), args)
 
 
-def check_load_layout(args: Any) -> None:
+def check_load_layout(args: Any) -> ResumePlan | None:
     if args.universal_checkpoint:
         from megatron.resume_reshard import plan_universal
         return plan_universal(args, _layout(args))
     iteration = read_tracker(args.load, f"--load {args.load}")
     if iteration is not None:
         return check_layout(args.load, iteration, args)
+    return None  # nothing saved yet: a fresh start
 
 
 def load_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) -> dict | None:

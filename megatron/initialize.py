@@ -14,20 +14,19 @@ import torch
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tokenizer
-from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
+from megatron.run_config import FrozenArgs, ParallelLayout, ResumePlan, RunArgs, RunConfig, freeze_args
 
 
 def initialize_megatron(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> FrozenArgs:
     """Returns args, read-only from here on; the run's configuration as immutable values is
     args.run_config (megatron/run_config.py)."""
-    args = parse_args(extra_args_provider, args_list)
-    validate_args(args)
-    _initialize_distributed(args)
+    args = validate_args(parse_args(extra_args_provider, args_list))
+    layout = _initialize_distributed(args)
     _startup_lines(args)
     set_args(args)
     resume = _build_tokenizer(args, check_load=True)
     _set_random_seed(args.seed)
-    return freeze_args(args, RunConfig.from_args(args, resume))
+    return freeze_args(args, RunConfig.from_args(args, layout, resume))
 
 
 def disable_deepspeed_shm_comm() -> None:
@@ -38,7 +37,9 @@ def disable_deepspeed_shm_comm() -> None:
     disable_shm_comm_op()
 
 
-def _initialize_distributed(args):
+def _initialize_distributed(args: RunArgs) -> ParallelLayout:
+    """torch.distributed, then the parallel layout (the owner of the sizes from here on) and the
+    process groups built from it."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -59,7 +60,9 @@ def _initialize_distributed(args):
     check_deepspeed_version()  # one line on rank 0 outside the tested releases
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
-    mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    layout = ParallelLayout.from_args(args)
+    mpu.initialize_model_parallel(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size)
+    assert mpu.get_data_parallel_world_size() == layout.data_parallel_size, "DeepSpeed's topology disagrees"
     if backend == "gloo" and args.shm_tp_all_reduce:
         from megatron import print_rank_0
         from megatron.mpu.shm_comm import enable_for_tensor_model_parallel
@@ -67,6 +70,7 @@ def _initialize_distributed(args):
     if args.deepspeed_activation_checkpointing:
         from megatron.mpu.random import configure_deepspeed_checkpointing
         configure_deepspeed_checkpointing(args, mpu)
+    return layout
 
 
 def _startup_lines(args):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_arguments import validated
+from validated_args import validated
 from variants import VARIANTS, shape_kwargs
 
 from megatron.arguments import ConfigError

@@ -164,5 +164,5 @@ def _config_tokens_missing(path: str, tokenizer: Any) -> set[str]:
     for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict
         extra = config.get(key) or []
         named += list(extra.values()) if isinstance(extra, dict) else list(extra)
-    named = {t["content"] if isinstance(t, dict) else t for t in named if t}
-    return {t for t in named if tokenizer.token_to_id(t) is None}
+    contents = {t["content"] if isinstance(t, dict) else t for t in named if t}
+    return {t for t in contents if tokenizer.token_to_id(t) is None}
