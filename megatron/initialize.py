@@ -101,10 +101,10 @@ def _build_tokenizer(args, check_load: bool = False) -> ResumePlan:
                           f"{shape.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
     resume = ResumePlan()
     if check_load and args.load:
-        from megatron.checkpointing import check_load_layout
+        from megatron.checkpoint.manager import CheckpointManager
         ours = copy.copy(args)  # the checkpoint is checked against this run's completed shape
         ours.model_shape = shape
-        resume = check_load_layout(ours) or resume
+        resume = CheckpointManager.from_run_config(RunConfig.from_args(ours, resume, None)).plan_resume()
         if resume.make_vocab_size_divisible_by is not None:
             shape = dataclasses.replace(shape, make_vocab_size_divisible_by=resume.make_vocab_size_divisible_by)
     args.model_shape = shape

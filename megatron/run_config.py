@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from megatron.checkpoint.config import CheckpointConfig
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -70,7 +71,7 @@ class OptimizerSettings:
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """What --load found before the model was built (megatron/resume_reshard.py)."""
+    """What --load found before the model was built (megatron/checkpoint/resume.py)."""
     universal_tag: str | None = None                 # --universal-checkpoint: the converted folder's tag
     reshard_source: tuple[str, int] | None = None    # (load dir, iteration) saved at another layout
     make_vocab_size_divisible_by: int | None = None  # the divisor that keeps the saved padded vocab
@@ -86,6 +87,7 @@ class RunConfig:
     deepspeed_config: Mapping[str, Any]  # read-only; deepspeed_config_dict() gives a copy to hand DeepSpeed
     resume: ResumePlan
     mfu: Any  # megatron.mfu.MfuSettings (model FLOPs per sample, the device's peak, where it came from)
+    checkpoint: CheckpointConfig  # --save / --load and what they read and write
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, resume: ResumePlan, mfu: Any) -> "RunConfig":
@@ -105,6 +107,7 @@ class RunConfig:
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
             mfu=mfu,
+            checkpoint=CheckpointConfig.from_args(args),
         )
 
     def deepspeed_config_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import deepspeed
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
+from megatron.checkpoint.manager import CheckpointManager, set_rng_state
 from megatron.deepspeed_internals import current_loss_scale, save_and_load_as_moe, skip_gradient_allreduce
 from megatron.engine import engine_steps, pop_moe_loss
 from megatron.global_vars import close_tensorboard_writer, get_timers
@@ -87,6 +87,7 @@ class Trainer:
         self.train_iter: Iterator | None = None
         self.valid_iters = self.test_iters = None  # [(group name, iterator)] or None
         self.memory_measured = None  # after the first iteration (see measure_memory)
+        self.checkpointer = CheckpointManager.from_run_config(args.run_config)
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, args)
 
@@ -137,7 +138,7 @@ class Trainer:
 
     def load(self) -> object:
         """--load: the engine, scheduler and progress as saved; returns the saved RNG state."""
-        rng_state = load_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        rng_state = self.checkpointer.load(self.engine, self.lr_scheduler, self.progress)
         self.hooks.on_load(self)
         return rng_state
 
@@ -258,8 +259,7 @@ class Trainer:
                 and self.progress.iteration % args.eval_interval == 0 and args.eval_iters > 0)
 
     def _should_save(self) -> bool:
-        args = self.args
-        return bool(args.save and args.save_interval) and self.progress.iteration % args.save_interval == 0
+        return self.checkpointer.should_save(self.progress.iteration)
 
     def _should_exit(self, start_time: float) -> str | None:
         args = self.args
@@ -324,7 +324,7 @@ class Trainer:
     # --- checkpoint and end --------------------------------------------------------------------
 
     def save(self) -> None:
-        save_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        self.checkpointer.save(self.engine, self.lr_scheduler, self.progress)
 
     def finish(self, stop: str) -> None:
         """After training: the final validation, save and test evaluation of a finished run, or the

@@ -156,11 +156,12 @@ def _save_while_rank1_stalls(save_dir):
     import deepspeed
     import torch
     import torch.distributed as dist
+    from checkpoint_fixtures import checkpoint_manager
     from model_fixtures import tiny_config
 
     from megatron import mpu
     from megatron.arguments import parse_args, validate_args
-    from megatron.checkpointing import TRACKER, save_checkpoint
+    from megatron.checkpoint.layout import TRACKER
     from megatron.learning_rates import AnnealingLR
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.training_state import TrainingProgress
@@ -185,7 +186,8 @@ def _save_while_rank1_stalls(save_dir):
             return f.read(), g.read()
 
     progress = TrainingProgress(iteration=1)
-    save_checkpoint(engine, lr_scheduler, progress, args)
+    manager = checkpoint_manager(args)
+    manager.save(engine, lr_scheduler, progress)
     seen = []
     if dist.get_rank() == 1:
         write = engine.checkpoint_engine.save
@@ -202,7 +204,7 @@ def _save_while_rank1_stalls(save_dir):
             return write(state_dict, path, *rest, **kwargs)
         engine.checkpoint_engine.save = stalled
     progress.iteration = 2
-    save_checkpoint(engine, lr_scheduler, progress, args)
+    manager.save(engine, lr_scheduler, progress)
     return seen, pointers()
 
 

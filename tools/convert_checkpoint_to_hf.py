@@ -4,7 +4,7 @@ AutoModelForCausalLM.from_pretrained(HF_DIR) and AutoTokenizer.from_pretrained(H
 
     python tools/convert_checkpoint_to_hf.py --load DIR --output HF_DIR [--iteration N]
 
-The TP slices and pipeline stages are merged by megatron/checkpoint_reshard.py (the same reader
+The TP slices and pipeline stages are merged by megatron/checkpoint/reshard.py (the same reader
 that resumes a checkpoint at another layout) by the split rules of the parameter table
 (megatron/model/analytic.py). Each architecture is one entry of ARCHITECTURES:
 `matches(checkpoint)` says whether it applies, `build(checkpoint, weights)` returns the
@@ -24,7 +24,7 @@ from megatron.model.shape import ConfigError, gpt2_variant
 if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
     import torch
 
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.analytic import ParamSpec
     from megatron.model.shape import ModelShape
     Weights = dict[tuple[int, str], torch.Tensor]
@@ -333,7 +333,7 @@ def write_tokenizer(vocab_file: str, merge_file: str, output: str, model_max_len
 # --- main -------------------------------------------------------------------------------------
 
 def convert(args: argparse.Namespace) -> int:
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.analytic import analytic_parameter_counts
 
     # bad input fails first, in a second, before transformers is imported

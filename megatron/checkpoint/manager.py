@@ -1,8 +1,9 @@
-"""Save / resume through the DeepSpeed engine, plus our client state.
+"""CheckpointManager: save / resume through the DeepSpeed engine, plus our client state.
 
-What --save DIR holds is described in megatron/checkpoint_layout.py. The trackers move
-(atomically) only after every rank has finished writing global_stepN, so a crash mid-save
-leaves the previous checkpoint as the one that loads.
+What --save DIR holds is described in layout.py. The trackers move (atomically) only after every
+rank has finished writing global_stepN, so a crash mid-save leaves the previous checkpoint as the
+one that loads. The manager is handed its section of the run configuration (CheckpointConfig)
+and the sections it needs besides (shape, parallel layout, precision); it reads no `args`.
 """
 import contextlib
 import random
@@ -13,12 +14,9 @@ import torch
 import torch.distributed as dist
 
 from megatron import mpu, print_rank_0
-from megatron.arguments import ConfigError
-from megatron.checkpoint_layout import LAYOUT_FILE as LAYOUT  # noqa: F401  (tests import it from here)
-from megatron.checkpoint_layout import (
-    TRACKER,  # noqa: F401
+from megatron.checkpoint.config import CheckpointConfig
+from megatron.checkpoint.layout import (
     CheckpointLayout,
-    read_layout,
     read_tracker,
     step_dir,
     step_tag,
@@ -26,16 +24,15 @@ from megatron.checkpoint_layout import (
     write_model_info,
     write_tracker,
 )
-from megatron.checkpoint_reshard import optimizer_param_names
-from megatron.training_state import saved_progress
-from megatron.universal_checkpoint import attach_universal_checkpoint_info
+from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
+from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
+from megatron.checkpoint.universal import attach_universal_checkpoint_info
+from megatron.model.shape import ConfigError, ModelShape
+from megatron.run_config import ParallelLayout, Precision, ResumePlan, RunConfig
+from megatron.training_state import TrainingProgress, saved_progress
 
 
-def _layout(args: Any) -> CheckpointLayout:
-    return CheckpointLayout.from_shape(args.model_shape, args.ds_pipeline_enabled)
-
-
-def _rng_state():
+def _rng_state() -> dict:
     state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
              "tracker": mpu.get_cuda_rng_tracker().get_states()}
     if torch.cuda.is_available():
@@ -44,6 +41,7 @@ def _rng_state():
 
 
 def set_rng_state(state: dict) -> None:
+    """Puts back the RNG states load() returned (the caller does it once setup has drawn all it draws)."""
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -52,86 +50,129 @@ def set_rng_state(state: dict) -> None:
     mpu.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def save_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) -> None:
-    iteration, layout = progress.iteration, _layout(args)
-    client_state = {
-        "iteration": iteration,  # also inside progress; kept at the top for tools that read it
-        "progress": progress.state_dict(),
-        "lr_scheduler": lr_scheduler.state_dict(),
-        "layout": layout.to_dict(),
-        "optimizer_param_names": optimizer_param_names(engine),  # lets another layout resume the optimizer
-    }
-    if not args.no_save_rng:
-        client_state["rng_state"] = _rng_state()
-    attach_universal_checkpoint_info(engine, args)  # so that DeepSpeed's ds_to_universal.py converts it
-    with _moe_writers(engine, args):
-        engine.save_checkpoint(args.save, tag=step_tag(iteration), client_state=client_state, save_latest=False)
-    dist.barrier()  # every rank's shards are on disk before the pointers move
-    if args.rank == 0:
-        write_layout(step_dir(args.save, iteration), layout)
-        write_model_info(step_dir(args.save, iteration), args)
-        write_tracker(args.save, iteration)
-    dist.barrier()
-    progress.last_saved_iteration = iteration
-    print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+class CheckpointManager:
+    """One run's checkpointing: when to save, saving, loading, and the resume plan made before the
+    model is built (another layout is resharded, a universal checkpoint converted by DeepSpeed)."""
 
+    def __init__(self, config: CheckpointConfig, shape: ModelShape, parallel: ParallelLayout, precision: Precision,
+                 zero_stage: int, seq_length: int, resume: ResumePlan | None = None) -> None:
+        self.config = config
+        self.shape = shape
+        self.parallel = parallel
+        self.precision = precision
+        self.zero_stage = zero_stage
+        self.seq_length = seq_length
+        self.resume = resume or ResumePlan()
 
-def _moe_writers(engine, args):
-    if not args.model_shape.is_moe:
-        return contextlib.nullcontext()
-    from megatron.model.moe import every_tp_rank_writes_its_files
-    return every_tp_rank_writes_its_files(engine)
+    @classmethod
+    def from_run_config(cls, run_config: RunConfig) -> "CheckpointManager":
+        return cls(run_config.checkpoint, run_config.model_shape, run_config.parallel, run_config.precision,
+                   run_config.optimizer.zero_stage, run_config.batch.seq_length, run_config.resume)
 
+    @property
+    def layout(self) -> CheckpointLayout:
+        """The layout this run saves (and compares a loaded checkpoint's with)."""
+        return CheckpointLayout.from_shape(self.shape, self.parallel.ds_pipeline_enabled)
 
-def check_layout(load_dir: str, iteration: int, args: Any) -> None:
-    # a checkpoint written before architecture variants existed reads as a GPT-2
-    saved = read_layout(step_dir(load_dir, iteration), f"--load {load_dir}")
-    # another shape or precision fails here; another TP x PP x DP layout, pipeline split or ZeRO stage
-    # is resharded on load
-    from megatron.resume_reshard import plan_reshard
-    return plan_reshard(load_dir, iteration, saved, _layout(args), args)
+    def should_save(self, iteration: int) -> bool:
+        config = self.config
+        return bool(config.save and config.save_interval) and iteration % config.save_interval == 0
 
+    # --- before the model is built ----------------------------------------------------------------
 
-def check_load_layout(args: Any) -> None:
-    if args.universal_checkpoint:
-        from megatron.resume_reshard import plan_universal
-        return plan_universal(args, _layout(args))
-    iteration = read_tracker(args.load, f"--load {args.load}")
-    if iteration is not None:
-        return check_layout(args.load, iteration, args)
+    def plan_resume(self) -> ResumePlan:
+        """--load, before the model is built: a checkpoint that does not fit this run fails here in
+        one line; one saved at another layout (or a universal one) gives the plan load() follows."""
+        config = self.config
+        if config.universal_checkpoint:
+            return plan_universal(config.load, self.layout, self.shape, self.parallel, self.precision.name,
+                                  self.zero_stage)
+        iteration = read_tracker(config.load, f"--load {config.load}")
+        if iteration is None:
+            return ResumePlan()
+        return self.check_layout(config.load, iteration)
 
+    def check_layout(self, load_dir: str, iteration: int) -> ResumePlan:
+        """Iteration `iteration` of `load_dir` against this run: another shape or precision fails
+        here; another TP x PP x DP layout, pipeline split or ZeRO stage is resharded on load. A
+        checkpoint written before architecture variants existed reads as a GPT-2."""
+        source = Checkpoint(load_dir, iteration)
+        return plan_reshard(source, self.layout, self.config, self.shape, self.parallel, self.precision.name,
+                            self.zero_stage)
 
-def load_checkpoint(engine: Any, lr_scheduler: Any, progress: Any, args: Any) -> dict | None:
-    """Restores the weights (and optimizer, LR schedule and `progress` unless --finetune) and
-    returns the saved RNG state or None. The caller restores the RNG state once everything that
-    draws from the RNG during setup has run."""
-    iteration = None if args.universal_checkpoint else read_tracker(args.load, f"--load {args.load}")
-    if args.universal_checkpoint:  # DeepSpeed cuts TP slices and DP partitions from DIR/<tag>/zero
-        path, client_state = engine.load_checkpoint(args.load, tag=args.run_config.resume.universal_tag,
-                                                    load_lr_scheduler_states=False,
-                                                    load_optimizer_states=not args.no_load_optim and not args.finetune)
-    elif iteration is None:
-        print_rank_0(f"WARNING: no checkpoint found in --load {args.load}; starting from scratch")
-        return None
-    elif args.run_config.resume.reshard_source:  # saved at another TP x PP layout (see check_layout)
-        from megatron.resume_reshard import load_resharded
-        path, client_state = load_resharded(engine, args)
-    else:
-        path, client_state = engine.load_checkpoint(args.load, tag=step_tag(iteration),
-                                                    load_optimizer_states=not args.no_load_optim and not args.finetune,
-                                                    load_lr_scheduler_states=False)
-    if path is None:
-        raise ConfigError(f"--load {args.load}: DeepSpeed could not load {step_tag(iteration)}")
-    if args.universal_checkpoint:
-        client_state.pop("rng_state", None)  # another layout's: the run reseeds from --seed
-    if args.finetune:
-        print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
-        return None
-    saved = saved_progress(client_state)
-    progress.load_state_dict(saved)
-    if "consumed_train_tokens" not in saved:  # written before tokens were counted
-        progress.consumed_train_tokens = progress.consumed_train_samples * args.seq_length
-    progress.last_saved_iteration = progress.iteration
-    lr_scheduler.load_state_dict(client_state["lr_scheduler"])
-    print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")
-    return None if args.no_load_rng else client_state.get("rng_state")
+    # --- save -----------------------------------------------------------------------------------
+
+    def save(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> None:
+        config, iteration, layout = self.config, progress.iteration, self.layout
+        client_state = {
+            "iteration": iteration,  # also inside progress; kept at the top for tools that read it
+            "progress": progress.state_dict(),
+            "lr_scheduler": lr_scheduler.state_dict(),
+            "layout": layout.to_dict(),
+            "optimizer_param_names": optimizer_param_names(engine),  # lets another layout resume the optimizer
+        }
+        if not config.no_save_rng:
+            client_state["rng_state"] = _rng_state()
+        # so that DeepSpeed's ds_to_universal.py converts it
+        attach_universal_checkpoint_info(engine, self.shape, self.parallel.ds_pipeline_enabled)
+        with self._moe_writers(engine):
+            engine.save_checkpoint(config.save, tag=step_tag(iteration), client_state=client_state,
+                                   save_latest=False)
+        dist.barrier()  # every rank's shards are on disk before the pointers move
+        if self.parallel.rank == 0:
+            write_layout(step_dir(config.save, iteration), layout)
+            write_model_info(step_dir(config.save, iteration), self.model_info())
+            write_tracker(config.save, iteration)
+        dist.barrier()
+        progress.last_saved_iteration = iteration
+        print_rank_0(f"saved checkpoint at iteration {iteration} to {config.save}")
+
+    def model_info(self) -> dict:
+        """megatron_model.json: what a tool needs besides the layout to rebuild or export the model."""
+        return {"vocab_size": self.shape.vocab_size, "seq_length": self.seq_length,
+                "make_vocab_size_divisible_by": self.shape.make_vocab_size_divisible_by, **self.config.model_info}
+
+    def _moe_writers(self, engine: Any) -> Any:
+        if not self.shape.is_moe:
+            return contextlib.nullcontext()
+        from megatron.model.moe import every_tp_rank_writes_its_files
+        return every_tp_rank_writes_its_files(engine)
+
+    # --- load -----------------------------------------------------------------------------------
+
+    def load(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> dict | None:
+        """Restores the weights (and optimizer, LR schedule and `progress` unless --finetune) and
+        returns the saved RNG state or None. The caller restores the RNG state (set_rng_state) once
+        everything that draws from the RNG during setup has run."""
+        config, load_dir = self.config, self.config.load
+        iteration = None if config.universal_checkpoint else read_tracker(load_dir, f"--load {load_dir}")
+        if config.universal_checkpoint:  # DeepSpeed cuts TP slices and DP partitions from DIR/<tag>/zero
+            path, client_state = engine.load_checkpoint(load_dir, tag=self.resume.universal_tag,
+                                                        load_lr_scheduler_states=False,
+                                                        load_optimizer_states=config.load_optimizer)
+        elif iteration is None:
+            print_rank_0(f"WARNING: no checkpoint found in --load {load_dir}; starting from scratch")
+            return None
+        elif self.resume.reshard_source:  # saved at another TP x PP layout (see check_layout)
+            source = Checkpoint(*self.resume.reshard_source)
+            path, client_state = load_resharded(engine, source, config, self.shape,
+                                                self.parallel.ds_pipeline_enabled, self.precision.fp16)
+        else:
+            path, client_state = engine.load_checkpoint(load_dir, tag=step_tag(iteration),
+                                                        load_optimizer_states=config.load_optimizer,
+                                                        load_lr_scheduler_states=False)
+        if path is None:
+            raise ConfigError(f"--load {load_dir}: DeepSpeed could not load {step_tag(iteration)}")
+        if config.universal_checkpoint:
+            client_state.pop("rng_state", None)  # another layout's: the run reseeds from --seed
+        if config.finetune:
+            print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
+            return None
+        saved = saved_progress(client_state)
+        progress.load_state_dict(saved)
+        if "consumed_train_tokens" not in saved:  # written before tokens were counted
+            progress.consumed_train_tokens = progress.consumed_train_samples * self.seq_length
+        progress.last_saved_iteration = progress.iteration
+        lr_scheduler.load_state_dict(client_state["lr_scheduler"])
+        print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")
+        return None if config.no_load_rng else client_state.get("rng_state")

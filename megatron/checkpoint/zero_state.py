@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from megatron.checkpoint.shards import load_shard
 from megatron.model.analytic import stage_of_layer
 from megatron.model.shape import ConfigError
 
@@ -32,11 +33,6 @@ def zero_files(step_dir: str, mp_rank: int) -> list[str]:
     return [found[d] for d in sorted(found)]
 
 
-def _load(path):
-    from megatron.checkpoint_reshard import _load
-    return _load(path)
-
-
 def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> tuple[dict, dict]:
     """({(layer, key): fp32 master}, {(layer, key): {"exp_avg", "exp_avg_sq", "step"}}) for every
     table parameter of `layers`, from the stage owning it and TP rank 0 for TP-replicated ones."""
@@ -50,10 +46,10 @@ def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> t
             if not files:
                 raise ConfigError(f"{checkpoint.step_dir}: no zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt; "
                                   f"the checkpoint is incomplete")
-            local_shapes = _load(checkpoint._mp_file(stage, tp_rank)).get("param_shapes")
+            local_shapes = load_shard(checkpoint._mp_file(stage, tp_rank)).get("param_shapes")
             fragments = {}  # name -> {state: [fragment of each DP rank]}, steps
             for path in files:
-                optim = _load(path)["optimizer_state_dict"]
+                optim = load_shard(path)["optimizer_state_dict"]
                 base = optim["base_optimizer_state"]["state"]
                 for group, mapping in enumerate(optim["param_slice_mappings"]):
                     flat = {"fp32": optim["single_partition_of_fp32_groups"][group]}
@@ -93,4 +89,4 @@ def read_loss_scaler(checkpoint: Any) -> Any:
     """fp16's dynamic loss scaler as saved (scale, iterations since the last overflow): the same on
     every rank, so DP rank 0 of the first model-parallel rank holds it. None when not saved."""
     files = zero_files(checkpoint.step_dir, 0)
-    return _load(files[0])["optimizer_state_dict"].get("loss_scaler") if files else None
+    return load_shard(files[0])["optimizer_state_dict"].get("loss_scaler") if files else None

@@ -3,7 +3,7 @@ full shape, TP split rule, module names and pipeline placement (the parameter ta
 counts that follow from it, and the FLOPs formula.
 
 The table is the one description of the parameters: the build-time matcher (megatron/utils.py),
-resharding (megatron/checkpoint_reshard.py) and the transformers export
+resharding (megatron/checkpoint/reshard.py) and the transformers export
 (tools/convert_checkpoint_to_hf.py) find a parameter by the names `entries_by_name` gives and
 cut, merge or unfuse it by its entry's split rule (`SPLIT_DIMS`, `block`, `fused_parts`).
 
