@@ -88,6 +88,7 @@ class Trainer:
         self.valid_iters = self.test_iters = None  # [(group name, iterator)] or None
         self.memory_measured = None  # after the first iteration (see measure_memory)
         self.checkpointer = CheckpointManager.from_run_config(args.run_config)
+        self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, args)
 
@@ -344,6 +345,7 @@ class Trainer:
                 self.save()
             torch.distributed.barrier()
             print_rank_0(f"exiting program at iteration {progress.iteration}")
+        self.checkpointer.release_save_dir()
         close_tensorboard_writer()
 
 

@@ -191,7 +191,8 @@ def _save_while_rank1_stalls(save_dir):
     seen = []
     if dist.get_rank() == 1:
         write = engine.checkpoint_engine.save
-        rank0_done = os.path.join(save_dir, "global_step2", "mp_rank_00_model_states.pt")
+        # a save in progress writes into global_step2.partial, renamed to global_step2 once complete
+        rank0_done = os.path.join(save_dir, "global_step2.partial", "mp_rank_00_model_states.pt")
 
         def stalled(state_dict, path, *rest, **kwargs):
             if not seen:
@@ -199,8 +200,9 @@ def _save_while_rank1_stalls(save_dir):
                 while not os.path.exists(rank0_done) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 time.sleep(1.0)  # ample time for rank 0 to move the pointers, were it allowed to
-                seen.append((os.path.exists(rank0_done), sorted(os.listdir(os.path.join(save_dir, "global_step2"))),
-                             pointers()))
+                seen.append((os.path.exists(rank0_done),
+                             sorted(os.listdir(os.path.join(save_dir, "global_step2.partial"))), pointers(),
+                             os.path.exists(os.path.join(save_dir, "global_step2"))))
             return write(state_dict, path, *rest, **kwargs)
         engine.checkpoint_engine.save = stalled
     progress.iteration = 2
@@ -211,8 +213,9 @@ def _save_while_rank1_stalls(save_dir):
 def test_pointers_move_only_after_every_rank_has_written(tmp_path):
     from distributed import run_distributed
     _, (seen, after) = run_distributed(2, _save_while_rank1_stalls, str(tmp_path), pp=2)
-    [(rank0_done, files_during_stall, pointers_during_stall)] = seen
+    [(rank0_done, files_during_stall, pointers_during_stall, visible_during_stall)] = seen
     assert rank0_done  # rank 0 had written its shards of iteration 2 ...
     assert not any(name.startswith(("layer_02", "layer_03", "mp_rank_01")) for name in files_during_stall)
     assert pointers_during_stall == ("global_step1", "1")  # ... yet the pointers still named iteration 1
+    assert not visible_during_stall  # ... and global_step2 appears only once complete
     assert after == ("global_step2", "2")

@@ -15,6 +15,7 @@ Torch-free: tools read layouts without building anything.
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,8 +161,15 @@ def read_layout(step_directory: str, where: str) -> CheckpointLayout:
     path = os.path.join(step_directory, LAYOUT_FILE)
     if not os.path.isfile(path):
         raise ConfigError(f"{where}: {path} is missing; the checkpoint was not written by this trainer")
-    with open(path) as f:
-        return CheckpointLayout.from_dict(json.load(f), path)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except ValueError as e:  # truncated or overwritten: one line, not a JSON traceback
+        raise ConfigError(f"{where}: {path} is unreadable ({type(e).__name__}: {e}); the checkpoint is damaged "
+                          f"(restore the file from a copy, or resume from another iteration)") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{where}: {path} holds no layout; the checkpoint is damaged")
+    return CheckpointLayout.from_dict(saved, path)
 
 
 def write_model_info(step_directory: str, info: dict) -> None:
@@ -178,6 +186,22 @@ def read_model_info(step_directory: str) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+def saved_iterations(save_dir: str) -> list[int]:
+    """The iterations DIR holds a global_stepN directory of, in order."""
+    names = os.listdir(save_dir) if os.path.isdir(save_dir) else []
+    return sorted(int(m.group(1)) for m in (re.fullmatch(r"global_step(\d+)", n) for n in names) if m)
+
+
+def require_step_dir(load_dir: str, iteration: int, where: str) -> str:
+    """global_stepN of DIR; a missing one (a tracker naming an iteration that is not there) is
+    one line listing the iterations that are."""
+    path = step_dir(load_dir, iteration)
+    if not os.path.isdir(path):
+        raise ConfigError(f"{where}: {path} does not exist (saved iterations: "
+                          f"{', '.join(map(str, saved_iterations(load_dir))) or 'none'})")
+    return path
 
 
 # --- trackers -----------------------------------------------------------------------------------

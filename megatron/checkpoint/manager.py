@@ -5,8 +5,11 @@ rank has finished writing global_stepN, so a crash mid-save leaves the previous 
 one that loads. The manager is handed its section of the run configuration (CheckpointConfig)
 and the sections it needs besides (shape, parallel layout, precision); it reads no `args`.
 """
+import atexit
 import contextlib
+import os
 import random
+import shutil
 from typing import Any
 
 import numpy as np
@@ -18,11 +21,22 @@ from megatron.checkpoint.config import CheckpointConfig
 from megatron.checkpoint.layout import (
     CheckpointLayout,
     read_tracker,
+    require_step_dir,
     step_dir,
     step_tag,
     write_layout,
     write_model_info,
     write_tracker,
+)
+from megatron.checkpoint.lock import SaveDirLock
+from megatron.checkpoint.manifest import (
+    MANIFEST,
+    ManifestError,
+    checksum_share,
+    read_manifest,
+    step_files,
+    verify_share,
+    write_manifest,
 )
 from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
 from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
@@ -50,6 +64,39 @@ def set_rng_state(state: dict) -> None:
     mpu.get_cuda_rng_tracker().set_states(state["tracker"])
 
 
+PARTIAL = ".partial"  # global_stepN.partial: a save in progress (or a crashed one's leftovers)
+
+
+def _from_rank_0(value: Any) -> Any:
+    """Rank 0's value on every rank (one broadcast)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gather(value: Any) -> list:
+    """Every rank's value, in rank order, on every rank (one all-gather)."""
+    if not dist.is_initialized():
+        return [value]
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _replace_dir(partial: str, final: str) -> None:
+    """partial becomes final in one rename; an untracked final of the same iteration (a crashed save
+    of an earlier run, written before saves went through .partial) is moved aside first and removed."""
+    old = None
+    if os.path.exists(final):
+        old = f"{final}.replaced{os.getpid()}"
+        os.rename(final, old)
+    os.rename(partial, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 class CheckpointManager:
     """One run's checkpointing: when to save, saving, loading, and the resume plan made before the
     model is built (another layout is resharded, a universal checkpoint converted by DeepSpeed)."""
@@ -63,6 +110,7 @@ class CheckpointManager:
         self.zero_stage = zero_stage
         self.seq_length = seq_length
         self.resume = resume or ResumePlan()
+        self._lock: SaveDirLock | None = None
 
     @classmethod
     def from_run_config(cls, run_config: RunConfig) -> "CheckpointManager":
@@ -96,14 +144,66 @@ class CheckpointManager:
         """Iteration `iteration` of `load_dir` against this run: another shape or precision fails
         here; another TP x PP x DP layout, pipeline split or ZeRO stage is resharded on load. A
         checkpoint written before architecture variants existed reads as a GPT-2."""
+        self.verify(load_dir, iteration)
         source = Checkpoint(load_dir, iteration)
         return plan_reshard(source, self.layout, self.config, self.shape, self.parallel, self.precision.name,
                             self.zero_stage)
 
+    def verify(self, load_dir: str, iteration: int) -> None:
+        """Every file of global_stepN as its manifest lists it (the ranks share the reading): a
+        missing, truncated or altered file, or a file DeepSpeed would read that the checkpoint does
+        not have, is one line naming it. A checkpoint saved before manifests existed is not checked
+        (said once)."""
+        where = f"--load {load_dir}"
+        step = require_step_dir(load_dir, iteration, where)
+        try:
+            manifest = read_manifest(step)
+        except ManifestError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if manifest is None:
+            print_rank_0(f"{where}: {step} has no {MANIFEST} (saved before manifests existed): its files are not "
+                         f"verified")
+            return
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        problems = [p for p in _gather(verify_share(step, manifest, rank, world)) if p]
+        if problems:
+            raise ConfigError(f"{where}: {problems[0]}")
+
     # --- save -----------------------------------------------------------------------------------
 
+    def lock_save_dir(self) -> None:
+        """--save: take DIR's lock (global rank 0 alone; every rank learns the outcome, so a refused
+        run stops on every rank in one line). Released by release_save_dir() or at exit."""
+        if not self.config.save:
+            return
+        problem = None
+        if self.parallel.rank == 0:
+            self._lock = SaveDirLock(self.config.save)
+            try:
+                note = self._lock.acquire()
+            except ConfigError as e:
+                problem = str(e)
+            else:
+                atexit.register(self._lock.release)
+                if note:
+                    print_rank_0(note)
+        problem = _from_rank_0(problem)
+        if problem:
+            raise ConfigError(problem)
+
+    def release_save_dir(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
     def save(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> None:
+        """Writes global_stepN whole or not at all: every rank writes into global_stepN.partial
+        (a crashed save's leftovers there are removed first), rank 0 adds our files and the
+        manifest, renames it to global_stepN (replacing an untracked one of that iteration) and
+        only then moves the trackers. A failed write (a full disk) is one line; the partial
+        directory is removed and the trackers stay on the previous checkpoint."""
         config, iteration, layout = self.config, progress.iteration, self.layout
+        final = step_dir(config.save, iteration)
+        partial = final + PARTIAL
         client_state = {
             "iteration": iteration,  # also inside progress; kept at the top for tools that read it
             "progress": progress.state_dict(),
@@ -115,17 +215,101 @@ class CheckpointManager:
             client_state["rng_state"] = _rng_state()
         # so that DeepSpeed's ds_to_universal.py converts it
         attach_universal_checkpoint_info(engine, self.shape, self.parallel.ds_pipeline_enabled)
-        with self._moe_writers(engine):
-            engine.save_checkpoint(config.save, tag=step_tag(iteration), client_state=client_state,
-                                   save_latest=False)
-        dist.barrier()  # every rank's shards are on disk before the pointers move
-        if self.parallel.rank == 0:
-            write_layout(step_dir(config.save, iteration), layout)
-            write_model_info(step_dir(config.save, iteration), self.model_info())
-            write_tracker(config.save, iteration)
-        dist.barrier()
+        rank, world = self.parallel.rank, dist.get_world_size()
+        problem = _from_rank_0(self._prepare_save(final, partial) if rank == 0 else None)
+        if problem:
+            raise ConfigError(problem)
+        try:
+            with self._moe_writers(engine):
+                engine.save_checkpoint(config.save, tag=os.path.basename(partial), client_state=client_state,
+                                       save_latest=False)
+            failure = None
+        except Exception as e:  # a full disk, a vanished mount: agreed below, one line
+            failure = f"rank {rank}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            dist.barrier()  # the one DeepSpeed's save ends with, which this rank skipped
+        failures = [f for f in _gather(failure) if f]  # every rank's shards are on disk (or not) before the next step
+        if failures:
+            self._failed_save(final, partial, failures)
+        if rank == 0:
+            try:
+                write_layout(partial, layout)
+                write_model_info(partial, self.model_info())
+                failure = None
+            except OSError as e:
+                failure = f"rank 0: {type(e).__name__}: {e}"
+        failure = _from_rank_0(failure if rank == 0 else None)
+        if failure:
+            self._failed_save(final, partial, [failure])
+        # the manifest: each rank checksums its share while the files are still in the page cache
+        entries = checksum_share(partial, step_files(partial), rank, world)
+        shares = _gather(entries)
+        if rank == 0:
+            try:
+                write_manifest(partial, {k: v for share in shares for k, v in share.items()})
+                _replace_dir(partial, final)
+                write_tracker(config.save, iteration)
+                failure = None
+            except OSError as e:
+                failure = f"rank 0: {type(e).__name__}: {e}"
+        failure = _from_rank_0(failure if rank == 0 else None)
+        if failure:
+            self._failed_save(final, partial, [failure])
         progress.last_saved_iteration = iteration
         print_rank_0(f"saved checkpoint at iteration {iteration} to {config.save}")
+
+    def _prepare_save(self, final: str, partial: str) -> str | None:
+        """Rank 0, before anything is written: a crashed save's leftovers of this iteration go;
+        a disk without room for a checkpoint as large as the last one is refused (None: go on)."""
+        if os.path.isdir(partial):
+            shutil.rmtree(partial)
+        needed = self._previous_size()
+        if needed:
+            free = shutil.disk_usage(self.config.save).free
+            if free < needed:
+                return self._no_room(final, needed, free, "nothing written")
+        return None
+
+    def _previous_size(self) -> int | None:
+        """The bytes of the tracked checkpoint (what the next one of this run will need), from its
+        manifest; None without one."""
+        iteration = read_tracker(self.config.save, f"--save {self.config.save}")
+        if iteration is None:
+            return None
+        try:
+            manifest = read_manifest(step_dir(self.config.save, iteration))
+        except ValueError:
+            return None
+        return sum(entry["size"] for entry in manifest.values()) if manifest else None
+
+    def _no_room(self, final: str, needed: int, free: int, when: str, at_least: bool = False) -> str:
+        tracked = read_tracker(self.config.save, f"--save {self.config.save}")
+        kept = f"global_step{tracked} stays the tracked checkpoint" if tracked is not None else "nothing was saved"
+        size = f"more than {needed} bytes" if at_least else f"about {needed} bytes (the size of the last checkpoint)"
+        return (f"--save {self.config.save}: no room for {os.path.basename(final)} ({when}): it needs {size}, "
+                f"{free} bytes are free; {kept}; free some space or point --save at a larger disk")
+
+    def _failed_save(self, final: str, partial: str, failures: list[str]) -> None:
+        """Every rank: the partial directory goes (rank 0), the trackers stay, one line (how much
+        room a full disk lacks)."""
+        seen = None
+        if self.parallel.rank == 0:
+            free = shutil.disk_usage(self.config.save).free  # before the clean-up: what the save ran into
+            written = 0
+            if os.path.isdir(partial):
+                written = sum(os.path.getsize(os.path.join(partial, n)) for n in step_files(partial))
+                shutil.rmtree(partial, ignore_errors=True)
+            seen = (free, written)
+        free, written = _from_rank_0(seen)
+        full = free < (1 << 20) or any("No space left" in f for f in failures)
+        if not full:
+            tracked = read_tracker(self.config.save, f"--save {self.config.save}")
+            kept = f"global_step{tracked} stays the tracked checkpoint" if tracked is not None else "nothing was saved"
+            raise ConfigError(f"--save {self.config.save}: writing {os.path.basename(final)} failed ({failures[0]}); "
+                              f"{kept}")
+        needed = self._previous_size() or written
+        now_free = shutil.disk_usage(self.config.save).free
+        raise ConfigError(self._no_room(final, needed, now_free, "the disk filled while writing it",
+                                        at_least=self._previous_size() is None))
 
     def model_info(self) -> dict:
         """megatron_model.json: what a tool needs besides the layout to rebuild or export the model."""

@@ -19,13 +19,19 @@ layout.py.
 Torch only: no DeepSpeed, no transformers. Reading never writes anything.
 """
 import os
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from megatron.checkpoint.layout import TRACKER, CheckpointLayout, read_layout, read_model_info, read_tracker, step_dir
+from megatron.checkpoint.layout import (
+    TRACKER,
+    CheckpointLayout,
+    read_layout,
+    read_model_info,
+    read_tracker,
+    require_step_dir,
+)
 from megatron.checkpoint.shards import check_shard, load_shard
 from megatron.checkpoint.zero_state import read_flat_state, zero_files
 from megatron.model.analytic import ParamSpec, parameter_table, stage_of_layer, table_entry
@@ -84,12 +90,7 @@ class Checkpoint:
                 raise ConfigError(f"{where}: not a checkpoint directory of this trainer "
                                   f"({os.path.join(load_dir, TRACKER)} is missing)")
         self.iteration = iteration
-        self.step_dir = step_dir(load_dir, iteration)
-        if not os.path.isdir(self.step_dir):
-            saved = sorted(int(m.group(1)) for m in map(re.compile(r"global_step(\d+)$").match, os.listdir(load_dir))
-                           if m)
-            raise ConfigError(f"{where}: {self.step_dir} does not exist (saved iterations: "
-                              f"{', '.join(map(str, saved)) or 'none'})")
+        self.step_dir = require_step_dir(load_dir, iteration, where)
         self.layout: CheckpointLayout = read_layout(self.step_dir, where)
         self.model_info: dict = read_model_info(self.step_dir)
         self.tp = self.layout.tensor_model_parallel_size
@@ -117,10 +118,25 @@ class Checkpoint:
         return files
 
     def check_readable(self, layers: Iterable[int] | None = None) -> None:
-        """Every shard exists and its zip directory (at the end of the file) reads: a missing or
-        truncated shard fails here, before anything is built, naming the file."""
+        """Every shard exists and its zip directory (at the end of the file) reads, ZeRO's DP-rank
+        files too, and no other DP rank's file lies beside them: a missing or truncated shard fails
+        here, before anything is built, naming the file (a dense model's files; an MoE model's are
+        left to the manifest)."""
         for path in self.shard_files(layers):
             check_shard(path)
+        setup = self.saved_setup()
+        if setup["form"] != "flat":
+            return
+        stages = {stage_of_layer(self.shape, l) for l in self._layers(layers)}
+        for mp_rank in sorted(stage * self.tp + t for stage in stages for t in range(self.tp)):
+            saved = zero_files(self.step_dir, mp_rank, setup["dp"])
+            for path in saved:
+                check_shard(path)
+            # DeepSpeed's own reader takes every DP rank's file it finds
+            extra = [path for path in zero_files(self.step_dir, mp_rank) if path not in saved]
+            if extra:
+                raise ConfigError(f"{extra[0]}: not part of this checkpoint, which was saved at DP={setup['dp']} (a "
+                                  f"leftover of a crashed save at another DP size); remove it")
 
     def _layers(self, layers):
         return {s.layer for s in self.specs.values()} if layers is None else set(layers)

@@ -89,6 +89,8 @@ def plan_reshard(source: Checkpoint, ours: CheckpointLayout, config: CheckpointC
     where = f"--load {source.load_dir}"
     saved = source.layout
     _check_shape(saved, ours, shape, where)
+    if not saved.is_moe:  # every shard there and readable, also for DeepSpeed's own load (MoE: the manifest's job)
+        source.check_readable()
     setup = source.saved_setup()
     _check_precision(setup["precision"], precision, where)
     with_optimizer = config.load_optimizer
@@ -110,7 +112,6 @@ def plan_reshard(source: Checkpoint, ours: CheckpointLayout, config: CheckpointC
         raise ConfigError(f"{where}: resuming a {source.describe()} checkpoint at {now} in {precision} with "
                           f"ZeRO stage {zero_stage} is not supported ({_UNSUPPORTED[wrapper]}); "
                           f"use --zero-stage 1, or resume at the saved layout")
-    source.check_readable()
     if with_optimizer:
         source.check_optimizer()
     divisor = _keep_padded_vocab(saved.padded_vocab_size, shape, where)

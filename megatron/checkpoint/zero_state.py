@@ -23,14 +23,22 @@ from megatron.model.shape import ConfigError
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def zero_files(step_dir: str, mp_rank: int) -> list[str]:
-    """The DP partitions' files of model-parallel rank `mp_rank`, in DP order."""
+def zero_files(step_dir: str, mp_rank: int, dp: int | None = None) -> list[str]:
+    """The DP partitions' files of model-parallel rank `mp_rank`, in DP order: exactly DP ranks
+    0 .. dp-1 when the saved DP size is given (a file of another DP rank beside them is not part
+    of this checkpoint), else every one there is."""
     found = {}
     for path in glob.glob(os.path.join(step_dir, f"*zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt")):
         match = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt", os.path.basename(path))
         if match:
             found[int(match.group(1))] = path
-    return [found[d] for d in sorted(found)]
+    if dp is None:
+        return [found[d] for d in sorted(found)]
+    missing = [d for d in range(dp) if d not in found]
+    if missing and found:
+        raise ConfigError(f"{step_dir}: zero_pp_rank_{missing[0]}_mp_rank_{mp_rank:02d}_optim_states.pt is missing "
+                          f"(saved at DP={dp}); the checkpoint is incomplete")
+    return [found[d] for d in range(dp) if d in found]
 
 
 def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> tuple[dict, dict]:
@@ -42,7 +50,7 @@ def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> t
     for stage in stages:
         for tp_rank in range(tp):
             mp_rank = stage * tp + tp_rank
-            files = zero_files(checkpoint.step_dir, mp_rank)
+            files = zero_files(checkpoint.step_dir, mp_rank, checkpoint.saved_setup()["dp"])
             if not files:
                 raise ConfigError(f"{checkpoint.step_dir}: no zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt; "
                                   f"the checkpoint is incomplete")
