@@ -59,6 +59,8 @@ def _second_run_while(ckpt, first, release):
     try:
         while not os.path.exists(os.path.join(ckpt, LOCK)) and first.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
+        if not os.path.exists(os.path.join(ckpt, LOCK)):
+            return None, None, False  # the first run ended before it took the lock
         with open(os.path.join(ckpt, LOCK)) as f:
             holder = json.load(f)
         env = dict(os.environ, PYTHONPATH=ROOT, DS_ACCELERATOR="cpu", WORLD_SIZE="1", RANK="0", LOCAL_RANK="0",
@@ -81,8 +83,9 @@ def runs(tmp_path_factory):
         crashed, _ = launch(2, BF16 + ["--save", ckpt, "--save-interval", 2], str(tmp / "crash_out"), check=False)
     finally:
         del os.environ["DRIVER_DIE_IN_SAVE"]
+    partial = os.path.join(ckpt, "global_step4.partial")
     after_crash = {"files": sorted(os.listdir(ckpt)), "tracker": tracker(ckpt),
-                   "partial": sorted(os.listdir(os.path.join(ckpt, "global_step4.partial")))}
+                   "partial": sorted(os.listdir(partial)) if os.path.isdir(partial) else []}
     # the lock of a run killed with SIGKILL stays behind: the crashed run's, as the kill left it (the
     # test launcher's SIGTERM to rank 0 lets it release its own), or one naming a process that has ended
     if not os.path.exists(os.path.join(ckpt, LOCK)):
@@ -95,14 +98,16 @@ def runs(tmp_path_factory):
     # as if written before manifests existed: loads, unverified, said once
     os.remove(os.path.join(ckpt, "global_step2", MANIFEST))
     restart, restart_ranks = launch(1, BF16 + ["--load", ckpt, "--save", ckpt, "--save-interval", 2,
-                                               "--exit-interval", 4], str(tmp / "restart_out"))
+                                               "--exit-interval", 4], str(tmp / "restart_out"), check=False)
     after_restart = {"files": sorted(os.listdir(ckpt)), "tracker": tracker(ckpt),
                      "step4": sorted(os.listdir(os.path.join(ckpt, "global_step4")))}
+    if restart.returncode != 0:
+        return {"restart": restart}
     result, release = {}, str(tmp / "release")
     os.environ["DRIVER_HOLD_UNTIL"] = release  # read by the launch's ranks, not by the second run
     back = threading.Thread(target=lambda: result.update(
         zip(("proc", "ranks"), launch(2, BF16 + ["--load", ckpt, "--save", ckpt, "--save-interval", 2],
-                                      str(tmp / "back_out")), strict=True)))
+                                      str(tmp / "back_out"), check=False), strict=True)))
     try:
         back.start()
         holder, second, first_alive = _second_run_while(ckpt, back, release)
@@ -112,11 +117,13 @@ def runs(tmp_path_factory):
     return {"tmp": tmp, "ref": ref, "ckpt": ckpt, "reference": reference[1], "ref_out": ref_proc.stdout,
             "crashed": crashed,
             "after_crash": after_crash, "restart": restart, "restart_rank": restart_ranks[0],
-            "after_restart": after_restart, "back": result["proc"], "back_rank": result["ranks"][1],
+            "after_restart": after_restart, "back": result["proc"], "back_rank": result["ranks"].get(1),
             "holder": holder, "second": second, "first_alive": first_alive}
 
 
 def test_a_crash_mid_save_cannot_poison_a_later_checkpoint(runs):
+    assert runs["restart"].returncode == 0, runs["restart"].stdout[-3000:]
+    assert runs["back"].returncode == 0, runs["back"].stdout[-3000:]
     reference, crash = runs["reference"], runs["after_crash"]
     # killed while writing iteration 4: the tracker stays on 2, the half-written save is only a .partial
     assert runs["crashed"].returncode != 0
