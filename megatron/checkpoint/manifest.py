@@ -7,8 +7,9 @@ The checksum is CRC-32, computed while the file is written: torch.save writes a 
 computes the CRC-32 of every entry as it writes it (torch.serialization.get_crc32_options(), on
 by default), and the archive's directory at the end of the file holds them. The manifest records,
 per shard, its size and a CRC-32 over that directory (entry names, sizes and CRC-32s): reading a
-few KB per file at save, so the save stays as fast as before (benchmarks/bench_checkpoint.py
-measures it against re-reading every byte: +34% of the save time on the 52M model's 620 MB).
+few KB per file at save, so the save stays as fast as before (benchmarks/bench_checkpoint.py, the
+52M model's 618 MB fp32 + Adam checkpoint: 2.5 ms, where re-reading every byte for a CRC-32 took
+0.36 s on a 0.6 s save).
 A load checks the sizes, the directories and then every entry's bytes against its CRC-32.
 Other files (our JSON) get a CRC-32 of their bytes. Why CRC-32: the manifest guards against
 accidents (a crash, a full disk, a bad copy, a flipped block), not tampering, and CRC-32 catches
