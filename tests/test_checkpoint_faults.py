@@ -209,23 +209,27 @@ def test_every_damaged_file_is_one_line_before_the_model(runs, entry_point, tmp_
     ref = runs["ref"]
     zero1 = os.path.basename(glob.glob(os.path.join(ref, "global_step6", "*zero_pp_rank_1_*"))[0])
     layer = "layer_01-model_00-model_states.pt"
+    # each: the damage, and how the one line starts (after "pretrain_gpt.py: error: ")
     cases = {
         "truncated": (lambda d, s: _truncate(os.path.join(s, zero1)),
-                      lambda d, s: f"{s}/{zero1} has {os.path.getsize(os.path.join(s, zero1))} bytes, "),
+                      lambda d, s: f"{s}/{zero1}: checkpoint shard is unreadable (BadZipFile); the checkpoint is "
+                                   f"incomplete or corrupt ({os.path.getsize(os.path.join(s, zero1))} bytes, "),
         "missing": (lambda d, s: os.remove(os.path.join(s, layer)),
-                    lambda d, s: f"{s}/{layer} is missing (the manifest lists it); the checkpoint is incomplete"),
+                    lambda d, s: f"{s}/{layer}: checkpoint shard is missing; the checkpoint is incomplete (its "
+                                 f"manifest lists it)"),
         "altered": (lambda d, s: _flip(os.path.join(s, "mp_rank_00_model_states.pt")),
-                    lambda d, s: f"{s}/mp_rank_00_model_states.pt differs from what was saved (entry "),
+                    lambda d, s: f"{s}/mp_rank_00_model_states.pt: checkpoint shard differs from what was saved "
+                                 f"(entry "),
         "foreign": (lambda d, s: shutil.copy(os.path.join(s, zero1), os.path.join(s, zero1.replace("_1_", "_2_"))),
-                    lambda d, s: f"{s}/{zero1.replace('_1_', '_2_')} is not part of the saved checkpoint (its "
-                                 f"manifest does not list it) and DeepSpeed would read it; remove it"),
+                    lambda d, s: f"{s}/{zero1.replace('_1_', '_2_')}: not part of the saved checkpoint (its "
+                                 f"manifest does not list it), yet DeepSpeed would read it; remove it"),
         "tracker": (lambda d, s: _write(os.path.join(d, "latest_checkpointed_iteration.txt"), "5"),
-                    lambda d, s: f"{d}/global_step5 does not exist (saved iterations: 6)"),
+                    lambda d, s: f"--load {d}: {d}/global_step5 does not exist (saved iterations: 6)"),
         "manifest": (lambda d, s: _truncate(os.path.join(s, MANIFEST)),
-                     lambda d, s: f"{s}/{MANIFEST}: the manifest is unreadable (JSONDecodeError)"),
+                     lambda d, s: f"--load {d}: {s}/{MANIFEST}: the manifest is unreadable (JSONDecodeError)"),
         # written before manifests existed: the layout file and the shards are still checked
         "layout": (_old(lambda d, s: _truncate(os.path.join(s, "megatron_layout.json"))),
-                   lambda d, s: f"{s}/megatron_layout.json is unreadable (JSONDecodeError: "),
+                   lambda d, s: f"--load {d}: {s}/megatron_layout.json is unreadable (JSONDecodeError: "),
         "old_truncated": (_old(lambda d, s: _truncate(os.path.join(s, zero1))),
                           lambda d, s: f"{s}/{zero1}: checkpoint shard is unreadable (BadZipFile); the checkpoint is "
                                        f"incomplete or corrupt"),
@@ -239,14 +243,12 @@ def test_every_damaged_file_is_one_line_before_the_model(runs, entry_point, tmp_
         before = digest(copy)
         code, lines, builds = entry_point([str(f) for f in BF16 + ["--load", copy]])
         assert code == 2 and len(lines) == 1 and builds == [], (name, lines)
-        # a shard's own error names the shard first, as it always has
-        prefix = "" if name.startswith("old_") else f"--load {copy}: "
-        assert lines[0].startswith(f"pretrain_gpt.py: error: {prefix}"), (name, lines)
-        assert message(copy, step) in lines[0], (name, lines[0])
+        assert lines[0].startswith(f"pretrain_gpt.py: error: {message(copy, step)}"), (name, lines[0])
         assert digest(copy) == before, name  # nothing changed on disk
         if name != "old_leftover":  # the offline tool says the same (without a manifest it cannot see extras)
             proc = verify_tool(copy)
-            assert proc.returncode == 2 and message(copy, step) in proc.stderr, (name, proc.stderr)
+            body = message(copy, step).replace(f"--load {copy}: ", "")  # the tool names the directory its own way
+            assert proc.returncode == 2 and body in proc.stderr, (name, proc.stderr)
             assert proc.stderr.startswith("verify_checkpoint.py: error: ") and proc.stderr.count("\n") == 1
 
 

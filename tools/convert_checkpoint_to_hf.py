@@ -345,6 +345,10 @@ def convert(args: argparse.Namespace) -> int:
                           f"has no transformers architecture here "
                           f"({', '.join(name for name, _, _ in ARCHITECTURES)} are dense)")
     checkpoint.check_readable()
+    from megatron.checkpoint.manifest import verify_step
+    problem = verify_step(checkpoint.step_dir)[1]  # a shard altered in place would export garbage
+    if problem:
+        raise ConfigError(problem)
     external = _external_tokenizer(checkpoint, args)
     tokenizer_files = None if external else _tokenizer_files(checkpoint, args)
     import torch

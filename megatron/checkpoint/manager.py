@@ -166,8 +166,8 @@ class CheckpointManager:
             return
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         problems = [p for p in _gather(verify_share(step, manifest, rank, world)) if p]
-        if problems:
-            raise ConfigError(f"{where}: {problems[0]}")
+        if problems:  # each names its file
+            raise ConfigError(problems[0])
 
     # --- save -----------------------------------------------------------------------------------
 

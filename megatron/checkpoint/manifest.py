@@ -121,30 +121,35 @@ def read_manifest(step_directory: str) -> dict[str, dict] | None:
             from None
 
 
-def _damaged(path: str, why: str) -> str:
-    return f"{path} differs from what was saved ({why}); the checkpoint is damaged"
+def _damaged(path: str, kind: str, why: str) -> str:
+    return f"{path}: checkpoint {kind} differs from what was saved ({why}); the checkpoint is damaged"
 
 
 def check_file(path: str, expected: dict) -> str | None:
     """The problem with one file of the manifest (missing, another size, another checksum), as one
-    line naming the file; None when it is as saved."""
+    line naming the file (worded as the shard readers' own errors); None when it is as saved."""
+    kind = "shard" if path.endswith(".pt") else "file"
     if not os.path.isfile(path):
-        return f"{path} is missing (the manifest lists it); the checkpoint is incomplete"
+        return f"{path}: checkpoint {kind} is missing; the checkpoint is incomplete (its manifest lists it)"
     size = os.path.getsize(path)
-    if size != expected["size"]:
-        return (f"{path} has {size} bytes, {expected['size']} were saved (truncated or overwritten); the checkpoint "
-                f"is damaged")
     if expected.get("over") != ZIP:
-        crc = file_checksum(path)[1]
-        return None if crc == expected[ALGORITHM] else _damaged(path, f"CRC-32 {crc}, saved {expected[ALGORITHM]}")
+        if size != expected["size"]:
+            return (f"{path}: checkpoint {kind} has {size} bytes, {expected['size']} were saved (truncated or "
+                    f"overwritten); the checkpoint is damaged")
+        crc, saved = file_checksum(path)[1], expected[ALGORITHM]
+        return None if crc == saved else _damaged(path, kind, f"CRC-32 {crc}, saved {saved}")
     try:
         with zipfile.ZipFile(path) as archive:
+            if size != expected["size"]:
+                return (f"{path}: checkpoint shard has {size} bytes, {expected['size']} were saved (truncated or "
+                        f"overwritten); the checkpoint is damaged")
             if _zip_directory_crc(archive) != expected[ALGORITHM]:
-                return _damaged(path, "its zip directory's CRC-32 changed")
+                return _damaged(path, kind, "its zip directory's CRC-32 changed")
             bad = archive.testzip()  # every entry's bytes against the CRC-32 torch wrote with them
     except (zipfile.BadZipFile, OSError, zlib.error) as e:
-        return _damaged(path, f"unreadable zip archive: {type(e).__name__}")
-    return None if bad is None else _damaged(path, f"entry {bad} fails its CRC-32")
+        return (f"{path}: checkpoint shard is unreadable ({type(e).__name__}); the checkpoint is incomplete or "
+                f"corrupt ({size} bytes, {expected['size']} were saved)")
+    return None if bad is None else _damaged(path, kind, f"entry {bad} fails its CRC-32")
 
 
 def check_files(step_directory: str, manifest: dict[str, dict], names: Iterable[str]) -> str | None:
@@ -168,8 +173,8 @@ def verify_share(step_directory: str, manifest: dict[str, dict], rank: int, worl
     if rank == 0:
         extra = unlisted_files(step_directory, manifest)
         if extra:
-            return (f"{os.path.join(step_directory, extra[0])} is not part of the saved checkpoint (its manifest "
-                    f"does not list it) and DeepSpeed would read it; remove it")
+            return (f"{os.path.join(step_directory, extra[0])}: not part of the saved checkpoint (its manifest "
+                    f"does not list it), yet DeepSpeed would read it; remove it")
     return check_files(step_directory, manifest, sorted(manifest)[rank::world_size])
 
 
