@@ -143,6 +143,7 @@ def test_a_crash_mid_save_cannot_poison_a_later_checkpoint(runs):
     step4 = runs["after_restart"]["step4"]
     assert any("zero_pp_rank_0_" in name for name in step4) and not any("zero_pp_rank_1_" in name for name in step4)
     assert MANIFEST in step4
+    assert f"--save {runs['ckpt']}: removed global_step4.partial, left by a crashed save" in out
     # the crashed run's lock (its rank 0 died with it) did not block the restart
     assert (f"took over the lock of a run that has ended (host {crash['lock']['host']}, PID {crash['lock']['pid']}"
             in out)

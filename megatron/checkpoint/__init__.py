@@ -2,7 +2,11 @@
 handed its section of the run configuration (config.py: CheckpointConfig).
 
   config.py      CheckpointConfig: the flags checkpointing reads, frozen (RunConfig.checkpoint)
-  manager.py     CheckpointManager: should_save / save / load / plan_resume, the RNG state
+  manager.py     CheckpointManager: should_save / save / load / plan_resume / verify, the RNG state
+  writer.py      one iteration written whole or not at all (global_stepN.partial, renamed), a full disk
+  manifest.py    every saved file's size and CRC-32, checked before a load builds anything
+  lock.py        one run per --save DIR
+  agree.py       the collectives the ranks agree through
   layout.py      what a --save DIR holds: CheckpointLayout, file names, trackers (torch-free)
   shards.py      reading one saved shard, a missing or unreadable one in one line
   reshard.py     any layout's checkpoint as full tensors (export, resume at another layout)

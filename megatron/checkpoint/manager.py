@@ -1,46 +1,37 @@
 """CheckpointManager: save / resume through the DeepSpeed engine, plus our client state.
 
-What --save DIR holds is described in layout.py. The trackers move (atomically) only after every
-rank has finished writing global_stepN, so a crash mid-save leaves the previous checkpoint as the
-one that loads. The manager is handed its section of the run configuration (CheckpointConfig)
-and the sections it needs besides (shape, parallel layout, precision); it reads no `args`.
+What --save DIR holds is described in layout.py. A save writes global_stepN whole or not at all
+and moves the trackers last (writer.py), so a crash mid-save leaves the previous checkpoint as the
+one that loads; a load checks the saved files against their manifest (manifest.py) before the
+model is built; one run at a time writes a --save DIR (lock.py). The manager is handed its
+section of the run configuration (CheckpointConfig) and the sections it needs besides (shape,
+parallel layout, precision); it reads no `args`.
 """
 import atexit
 import contextlib
-import os
 import random
-import shutil
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from megatron import mpu, print_rank_0
+from megatron.checkpoint.agree import from_rank_0, gather, rank_and_world
 from megatron.checkpoint.config import CheckpointConfig
 from megatron.checkpoint.layout import (
     CheckpointLayout,
     read_tracker,
     require_step_dir,
-    step_dir,
     step_tag,
     write_layout,
     write_model_info,
-    write_tracker,
 )
 from megatron.checkpoint.lock import SaveDirLock
-from megatron.checkpoint.manifest import (
-    MANIFEST,
-    ManifestError,
-    checksum_share,
-    read_manifest,
-    step_files,
-    verify_share,
-    write_manifest,
-)
+from megatron.checkpoint.manifest import MANIFEST, ManifestError, read_manifest, verify_share
 from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
 from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
 from megatron.checkpoint.universal import attach_universal_checkpoint_info
+from megatron.checkpoint.writer import remove_stale, write_iteration
 from megatron.model.shape import ConfigError, ModelShape
 from megatron.run_config import ParallelLayout, Precision, ResumePlan, RunConfig
 from megatron.training_state import TrainingProgress, saved_progress
@@ -62,39 +53,6 @@ def set_rng_state(state: dict) -> None:
     if torch.cuda.is_available() and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"])
     mpu.get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-PARTIAL = ".partial"  # global_stepN.partial: a save in progress (or a crashed one's leftovers)
-
-
-def _from_rank_0(value: Any) -> Any:
-    """Rank 0's value on every rank (one broadcast)."""
-    if not dist.is_initialized():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _gather(value: Any) -> list:
-    """Every rank's value, in rank order, on every rank (one all-gather)."""
-    if not dist.is_initialized():
-        return [value]
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
-def _replace_dir(partial: str, final: str) -> None:
-    """partial becomes final in one rename; an untracked final of the same iteration (a crashed save
-    of an earlier run, written before saves went through .partial) is moved aside first and removed."""
-    old = None
-    if os.path.exists(final):
-        old = f"{final}.replaced{os.getpid()}"
-        os.rename(final, old)
-    os.rename(partial, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 class CheckpointManager:
@@ -164,8 +122,7 @@ class CheckpointManager:
             print_rank_0(f"{where}: {step} has no {MANIFEST} (saved before manifests existed): its files are not "
                          f"verified")
             return
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        problems = [p for p in _gather(verify_share(step, manifest, rank, world)) if p]
+        problems = [p for p in gather(verify_share(step, manifest, *rank_and_world())) if p]
         if problems:  # each names its file
             raise ConfigError(problems[0])
 
@@ -185,9 +142,11 @@ class CheckpointManager:
                 problem = str(e)
             else:
                 atexit.register(self._lock.release)
-                if note:
-                    print_rank_0(note)
-        problem = _from_rank_0(problem)
+                for line in [note] + [f"--save {self.config.save}: removed {name}, left by a crashed save"
+                                      for name in remove_stale(self.config.save)]:
+                    if line:
+                        print_rank_0(line)
+        problem = from_rank_0(problem)
         if problem:
             raise ConfigError(problem)
 
@@ -196,14 +155,9 @@ class CheckpointManager:
             self._lock.release()
 
     def save(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> None:
-        """Writes global_stepN whole or not at all: every rank writes into global_stepN.partial
-        (a crashed save's leftovers there are removed first), rank 0 adds our files and the
-        manifest, renames it to global_stepN (replacing an untracked one of that iteration) and
-        only then moves the trackers. A failed write (a full disk) is one line; the partial
-        directory is removed and the trackers stay on the previous checkpoint."""
+        """Writes global_stepN whole or not at all, then moves the trackers (writer.py): a crash at
+        any point leaves the previous checkpoint tracked; a failed write (a full disk) is one line."""
         config, iteration, layout = self.config, progress.iteration, self.layout
-        final = step_dir(config.save, iteration)
-        partial = final + PARTIAL
         client_state = {
             "iteration": iteration,  # also inside progress; kept at the top for tools that read it
             "progress": progress.state_dict(),
@@ -215,101 +169,18 @@ class CheckpointManager:
             client_state["rng_state"] = _rng_state()
         # so that DeepSpeed's ds_to_universal.py converts it
         attach_universal_checkpoint_info(engine, self.shape, self.parallel.ds_pipeline_enabled)
-        rank, world = self.parallel.rank, dist.get_world_size()
-        problem = _from_rank_0(self._prepare_save(final, partial) if rank == 0 else None)
-        if problem:
-            raise ConfigError(problem)
-        try:
+
+        def write_shards(tag: str) -> None:
             with self._moe_writers(engine):
-                engine.save_checkpoint(config.save, tag=os.path.basename(partial), client_state=client_state,
-                                       save_latest=False)
-            failure = None
-        except Exception as e:  # a full disk, a vanished mount: agreed below, one line
-            failure = f"rank {rank}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            dist.barrier()  # the one DeepSpeed's save ends with, which this rank skipped
-        failures = [f for f in _gather(failure) if f]  # every rank's shards are on disk (or not) before the next step
-        if failures:
-            self._failed_save(final, partial, failures)
-        if rank == 0:
-            try:
-                write_layout(partial, layout)
-                write_model_info(partial, self.model_info())
-                failure = None
-            except OSError as e:
-                failure = f"rank 0: {type(e).__name__}: {e}"
-        failure = _from_rank_0(failure if rank == 0 else None)
-        if failure:
-            self._failed_save(final, partial, [failure])
-        # the manifest: each rank checksums its share while the files are still in the page cache
-        entries = checksum_share(partial, step_files(partial), rank, world)
-        shares = _gather(entries)
-        if rank == 0:
-            try:
-                write_manifest(partial, {k: v for share in shares for k, v in share.items()})
-                _replace_dir(partial, final)
-                write_tracker(config.save, iteration)
-                failure = None
-            except OSError as e:
-                failure = f"rank 0: {type(e).__name__}: {e}"
-        failure = _from_rank_0(failure if rank == 0 else None)
-        if failure:
-            self._failed_save(final, partial, [failure])
+                engine.save_checkpoint(config.save, tag=tag, client_state=client_state, save_latest=False)
+
+        def write_ours(directory: str) -> None:
+            write_layout(directory, layout)
+            write_model_info(directory, self.model_info())
+
+        write_iteration(config.save, iteration, write_shards, write_ours)
         progress.last_saved_iteration = iteration
         print_rank_0(f"saved checkpoint at iteration {iteration} to {config.save}")
-
-    def _prepare_save(self, final: str, partial: str) -> str | None:
-        """Rank 0, before anything is written: a crashed save's leftovers of this iteration go;
-        a disk without room for a checkpoint as large as the last one is refused (None: go on)."""
-        if os.path.isdir(partial):
-            shutil.rmtree(partial)
-        needed = self._previous_size()
-        if needed:
-            free = shutil.disk_usage(self.config.save).free
-            if free < needed:
-                return self._no_room(final, needed, free, "nothing written")
-        return None
-
-    def _previous_size(self) -> int | None:
-        """The bytes of the tracked checkpoint (what the next one of this run will need), from its
-        manifest; None without one."""
-        iteration = read_tracker(self.config.save, f"--save {self.config.save}")
-        if iteration is None:
-            return None
-        try:
-            manifest = read_manifest(step_dir(self.config.save, iteration))
-        except ValueError:
-            return None
-        return sum(entry["size"] for entry in manifest.values()) if manifest else None
-
-    def _no_room(self, final: str, needed: int, free: int, when: str, at_least: bool = False) -> str:
-        tracked = read_tracker(self.config.save, f"--save {self.config.save}")
-        kept = f"global_step{tracked} stays the tracked checkpoint" if tracked is not None else "nothing was saved"
-        size = f"more than {needed} bytes" if at_least else f"about {needed} bytes (the size of the last checkpoint)"
-        return (f"--save {self.config.save}: no room for {os.path.basename(final)} ({when}): it needs {size}, "
-                f"{free} bytes are free; {kept}; free some space or point --save at a larger disk")
-
-    def _failed_save(self, final: str, partial: str, failures: list[str]) -> None:
-        """Every rank: the partial directory goes (rank 0), the trackers stay, one line (how much
-        room a full disk lacks)."""
-        seen = None
-        if self.parallel.rank == 0:
-            free = shutil.disk_usage(self.config.save).free  # before the clean-up: what the save ran into
-            written = 0
-            if os.path.isdir(partial):
-                written = sum(os.path.getsize(os.path.join(partial, n)) for n in step_files(partial))
-                shutil.rmtree(partial, ignore_errors=True)
-            seen = (free, written)
-        free, written = _from_rank_0(seen)
-        full = free < (1 << 20) or any("No space left" in f for f in failures)
-        if not full:
-            tracked = read_tracker(self.config.save, f"--save {self.config.save}")
-            kept = f"global_step{tracked} stays the tracked checkpoint" if tracked is not None else "nothing was saved"
-            raise ConfigError(f"--save {self.config.save}: writing {os.path.basename(final)} failed ({failures[0]}); "
-                              f"{kept}")
-        needed = self._previous_size() or written
-        now_free = shutil.disk_usage(self.config.save).free
-        raise ConfigError(self._no_room(final, needed, now_free, "the disk filled while writing it",
-                                        at_least=self._previous_size() is None))
 
     def model_info(self) -> dict:
         """megatron_model.json: what a tool needs besides the layout to rebuild or export the model."""
