@@ -53,8 +53,12 @@ class SaveDirLock:
 
     def acquire(self) -> str | None:
         """Takes the lock; returns a line saying whose stale lock was taken over, or None. Another
-        live run's lock is a ConfigError naming it."""
-        os.makedirs(self.save_dir, exist_ok=True)
+        live run's lock is a ConfigError naming it. A directory no lock can be written into is left
+        unlocked: no run can save there, and the first save fails naming the error."""
+        try:
+            os.makedirs(self.save_dir, exist_ok=True)
+        except OSError:  # nothing can be written there, by any run: the first save says why
+            return None
         host, pid = socket.gethostname(), os.getpid()
         mine = {"host": host, "pid": pid, "start": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         note = None
@@ -63,6 +67,8 @@ class SaveDirLock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 fd = None
+            except OSError:  # a read-only or foreign directory: no run can save there, the save says why
+                return None
             if fd is not None:
                 with os.fdopen(fd, "w") as f:
                     json.dump(mine, f)

@@ -38,16 +38,17 @@ def write_iteration(save_dir: str, iteration: int, write_shards: Callable[[str],
     problem = from_rank_0(_prepare(save_dir, final, partial) if rank == 0 else None)
     if problem:
         raise ConfigError(problem)
+    error = None
     try:
         write_shards(os.path.basename(partial))
         failure = None
-    except Exception as e:  # a full disk, a vanished mount: agreed below, one line
-        failure = f"rank {rank}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    except Exception as e:  # a full disk, a vanished mount: agreed below
+        error, failure = e, f"rank {rank}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         if dist.is_initialized():
             dist.barrier()  # the one DeepSpeed's save ends with, which this rank skipped
     failures = [f for f in gather(failure) if f]  # every rank's files are on disk (or not) from here on
     if failures:
-        _failed(save_dir, final, partial, failures)
+        _failed(save_dir, final, partial, failures, error)
     failure = from_rank_0(_rank_0_step(lambda: write_ours(partial)) if rank == 0 else None)
     if failure:
         _failed(save_dir, final, partial, [failure])
@@ -131,9 +132,11 @@ def _no_room(save_dir: str, final: str, needed: int, free: int, when: str, at_le
             f"free; {_kept(save_dir)}; free some space or point --save at a larger disk")
 
 
-def _failed(save_dir: str, final: str, partial: str, failures: list[str]) -> NoReturn:
-    """Every rank: the partial directory goes (rank 0), the trackers stay, one line (how much room
-    a full disk lacks)."""
+def _failed(save_dir: str, final: str, partial: str, failures: list[str],
+            error: BaseException | None = None) -> NoReturn:
+    """Every rank: the partial directory goes (rank 0), the trackers stay. A full disk is one line
+    (how much room it lacks); anything else unwinds as the error it is (a rank whose own write
+    failed raises that error), exiting non-zero with its traceback."""
     seen = None
     if rank_and_world()[0] == 0:
         free = shutil.disk_usage(save_dir).free  # before the clean-up: what the save ran into
@@ -144,8 +147,10 @@ def _failed(save_dir: str, final: str, partial: str, failures: list[str]) -> NoR
         seen = (free, written)
     free, written = from_rank_0(seen)
     if free >= (1 << 20) and not any("No space left" in f for f in failures):
-        raise ConfigError(f"--save {save_dir}: writing {os.path.basename(final)} failed ({failures[0]}); "
-                          f"{_kept(save_dir)}")
+        if error is not None:
+            raise error
+        raise RuntimeError(f"--save {save_dir}: writing {os.path.basename(final)} failed ({failures[0]}); "
+                           f"{_kept(save_dir)}")
     last = _last_size(save_dir)
     raise ConfigError(_no_room(save_dir, final, last or written, shutil.disk_usage(save_dir).free,
                                "the disk filled while writing it", at_least=last is None))
