@@ -17,10 +17,12 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 
 import pytest
 from launcher import TINY, launch, losses
@@ -185,12 +187,18 @@ def _truncate(path):
         f.truncate(os.path.getsize(path) // 2)
 
 
-def _flip(path):
+def _flip_a_weight(path):
+    """One bit of the largest tensor's bytes changed in place (same size, still a valid archive and
+    pickle): what a bad disk block or copy does, and what only a checksum sees."""
+    with zipfile.ZipFile(path) as archive:
+        entry = max(archive.infolist(), key=lambda i: i.file_size)
     with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
+        f.seek(entry.header_offset + 26)  # the local header's name and extra-field lengths
+        name_length, extra_length = struct.unpack("<HH", f.read(4))
+        f.seek(entry.header_offset + 30 + name_length + extra_length + entry.file_size // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0xFF]))
+        f.write(bytes([byte[0] ^ 0x01]))
 
 
 def _old(how):
@@ -218,9 +226,8 @@ def test_every_damaged_file_is_one_line_before_the_model(runs, entry_point, tmp_
         "missing": (lambda d, s: os.remove(os.path.join(s, layer)),
                     lambda d, s: f"{s}/{layer}: checkpoint shard is missing; the checkpoint is incomplete (its "
                                  f"manifest lists it)"),
-        "altered": (lambda d, s: _flip(os.path.join(s, "mp_rank_00_model_states.pt")),
-                    lambda d, s: f"{s}/mp_rank_00_model_states.pt: checkpoint shard differs from what was saved "
-                                 f"(entry "),
+        "altered": (lambda d, s: _flip_a_weight(os.path.join(s, layer)),
+                    lambda d, s: f"{s}/{layer}: checkpoint shard differs from what was saved (entry "),
         "foreign": (lambda d, s: shutil.copy(os.path.join(s, zero1), os.path.join(s, zero1.replace("_1_", "_2_"))),
                     lambda d, s: f"{s}/{zero1.replace('_1_', '_2_')}: not part of the saved checkpoint (its "
                                  f"manifest does not list it), yet DeepSpeed would read it; remove it"),
