@@ -2,7 +2,6 @@
 groups, tokenizer (and a --load checkpoint's fit), seeds — in that order, so bad flags fail before
 any of the expensive steps; then the run configuration is frozen (the TensorBoard writer belongs
 to the Trainer's metrics, megatron/metrics/processor.py)."""
-import copy
 import dataclasses
 import os
 import random
@@ -14,7 +13,7 @@ import torch
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tokenizer
-from megatron.run_config import FrozenArgs, ParallelLayout, ResumePlan, RunArgs, RunConfig, freeze_args
+from megatron.run_config import FrozenArgs, ParallelLayout, Precision, ResumePlan, RunArgs, RunConfig, freeze_args
 
 
 def initialize_megatron(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> FrozenArgs:
@@ -24,7 +23,7 @@ def initialize_megatron(extra_args_provider: Callable | None = None, args_list: 
     layout = _initialize_distributed(args)
     _startup_lines(args)
     set_args(args)
-    resume = _build_tokenizer(args, check_load=True)
+    resume = _build_tokenizer(args, layout)
     _set_random_seed(args.seed)
     return freeze_args(args, RunConfig.from_args(args, layout, resume))
 
@@ -85,9 +84,9 @@ def _startup_lines(args):
             print_rank_0(line)
 
 
-def _build_tokenizer(args, check_load: bool = False) -> ResumePlan:
+def _build_tokenizer(args, layout: ParallelLayout | None = None) -> ResumePlan:
     """The tokenizer, then the model's shape completed once: the tokenizer's vocab and (with
-    check_load and --load) the vocab divisor that keeps a checkpoint's padded vocab. A checkpoint
+    a layout and --load) the vocab divisor that keeps a checkpoint's padded vocab. A checkpoint
     that does not fit fails here, before the model is built; returns what --load will read."""
     from megatron.tokenizer import build_tokenizer
     try:
@@ -101,11 +100,13 @@ def _build_tokenizer(args, check_load: bool = False) -> ResumePlan:
         raise ConfigError(f"the tokenizer's end-of-document id {tokenizer.eod} is outside the padded vocab "
                           f"{shape.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
     resume = ResumePlan()
-    if check_load and args.load:
-        from megatron.checkpointing import check_load_layout
-        ours = copy.copy(args)  # the checkpoint is checked against this run's completed shape
-        ours.model_shape = shape
-        resume = check_load_layout(ours) or resume
+    if layout is not None and args.load:
+        from megatron.checkpoint.config import CheckpointConfig
+        from megatron.checkpoint.manager import CheckpointManager
+        # the checkpoint is checked against this run's completed shape
+        manager = CheckpointManager(CheckpointConfig.from_args(args), shape, layout, Precision.from_args(args),
+                                    args.zero_stage, args.seq_length)
+        resume = manager.plan_resume()
         if resume.make_vocab_size_divisible_by is not None:
             shape = dataclasses.replace(shape, make_vocab_size_divisible_by=resume.make_vocab_size_divisible_by)
     args.model_shape = shape

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
+from megatron.checkpoint.config import CheckpointConfig
 from megatron.learning_rates import schedule_lengths
 from megatron.metrics.config import LoggingConfig
 from megatron.microbatches import train_samples
@@ -173,7 +174,7 @@ class ExitSettings:
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """What --load found before the model was built (megatron/resume_reshard.py)."""
+    """What --load found before the model was built (megatron/checkpoint/resume.py)."""
     universal_tag: str | None = None                 # --universal-checkpoint: the converted folder's tag
     reshard_source: tuple[str, int] | None = None    # (load dir, iteration) saved at another layout
     make_vocab_size_divisible_by: int | None = None  # the divisor that keeps the saved padded vocab
@@ -193,6 +194,7 @@ class RunConfig:
     deepspeed_config: Mapping[str, Any]  # read-only; deepspeed_config_dict() gives a copy to hand DeepSpeed
     resume: ResumePlan
     logging: LoggingConfig  # the metrics component's section (megatron/metrics/config.py)
+    checkpoint: CheckpointConfig  # --save / --load and what they read and write (megatron/checkpoint/config.py)
 
     def __post_init__(self) -> None:
         shape, layout = self.model_shape, self.parallel
@@ -218,6 +220,7 @@ class RunConfig:
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
             logging=LoggingConfig.from_args(args),
+            checkpoint=CheckpointConfig.from_args(args),
         )
 
     def deepspeed_config_dict(self) -> dict[str, Any]:

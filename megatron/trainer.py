@@ -15,7 +15,8 @@ import deepspeed
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
+from megatron.checkpoint.config import CheckpointConfig
+from megatron.checkpoint.manager import CheckpointManager, set_rng_state
 from megatron.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
 from megatron.engine import engine_steps, pop_moe_loss
 from megatron.global_vars import get_timers
@@ -34,6 +35,7 @@ from megatron.run_config import (
     ExitSettings,
     LRSchedule,
     OptimizerSettings,
+    ParallelLayout,
     Precision,
 )
 from megatron.skip_iterations import skip_iteration, skipped_range
@@ -109,6 +111,11 @@ class Trainer:
         self.test_iters: NamedIterators = None
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
         self.metrics = MetricsProcessor(config.logging if config else LoggingConfig.from_args(args), cache=args)
+        self.checkpointer = (CheckpointManager.from_run_config(config) if config else
+                             CheckpointManager(CheckpointConfig.from_args(args), args.model_shape,
+                                               ParallelLayout.from_args(args), self.precision,
+                                               self.optimizer_settings.zero_stage, self.batch.seq_length))
+        self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, args)
 
@@ -162,7 +169,7 @@ class Trainer:
 
     def load(self) -> dict | None:
         """--load: the engine, scheduler and progress as saved; returns the saved RNG state."""
-        rng_state = load_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        rng_state = self.checkpointer.load(self.engine, self.lr_scheduler, self.progress)
         self.hooks.on_load(self)
         return rng_state
 
@@ -280,8 +287,7 @@ class Trainer:
                 and self.progress.iteration % evaluation.eval_interval == 0 and evaluation.eval_iters > 0)
 
     def _should_save(self) -> bool:
-        args = self.args
-        return bool(args.save and args.save_interval) and self.progress.iteration % args.save_interval == 0
+        return self.checkpointer.should_save(self.progress.iteration)
 
     def _should_exit(self, start_time: float) -> str | None:
         settings = self.exit
@@ -339,7 +345,7 @@ class Trainer:
     # --- checkpoint and end --------------------------------------------------------------------
 
     def save(self) -> None:
-        save_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        self.checkpointer.save(self.engine, self.lr_scheduler, self.progress)
 
     def finish(self, stop: str) -> None:
         """After training: the final validation, save and test evaluation of a finished run, or the
@@ -360,6 +366,7 @@ class Trainer:
                 self.save()
             torch.distributed.barrier()
             print_rank_0(f"exiting program at iteration {progress.iteration}")
+        self.checkpointer.release_save_dir()
         self.metrics.close()
 
 

@@ -17,13 +17,19 @@ $DRIVER_OUT/rank{R}.json:
     received (the data actually drawn), in order;
   * with DRIVER_DUMP_LOADED=1: right after --load, every parameter's weights, fp32 master and Adam
     moments as DeepSpeed's own API gathers them over DP (safe_get_full_*), in rank{R}_loaded.pt;
-  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging.
+  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging;
+  * with DRIVER_DIE_IN_SAVE=N:R: rank R kills itself (SIGKILL, as a node loss or the OOM killer does)
+    right after writing its ZeRO optimizer file of iteration N's save, mid-save;
+  * with DRIVER_HOLD_UNTIL=PATH: every rank waits, once the engine is built (the run holds its
+    --save directory by then), until PATH exists (a test does something meanwhile).
 """
 import json
 import logging
 import os
 import re
+import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -68,6 +74,9 @@ class Recorder(TrainerHooks):
         engine = trainer.engine
         state["zero_stage"] = engine.zero_optimization_stage()
         state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+        hold = os.environ.get("DRIVER_HOLD_UNTIL")
+        while hold and not os.path.exists(hold):
+            time.sleep(0.1)
 
     def on_load(self, trainer):
         if os.environ.get("DRIVER_DUMP_LOADED"):
@@ -127,6 +136,24 @@ class _EngineView(logging.Handler):
         match = re.search(r"TOTAL_PARAMS=(\d+).*UNIQUE_PARAMS=(\d+)", record.getMessage())
         if match:
             state["ds_total"], state["ds_unique"] = int(match.group(1)), int(match.group(2))
+
+
+def _die_in_save(iteration, rank):
+    """torch.save, as DeepSpeed's checkpoint engine calls it, with a SIGKILL after rank `rank` has
+    written its ZeRO file of iteration `iteration`'s save."""
+    save = torch.save
+
+    def save_then_die(obj, f, *args, **kwargs):
+        result = save(obj, f, *args, **kwargs)
+        if (isinstance(f, str) and f"global_step{iteration}" in f and "zero_pp_rank_" in os.path.basename(f)
+                and dist.get_rank() == rank):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    torch.save = save_then_die
+
+
+if os.environ.get("DRIVER_DIE_IN_SAVE"):
+    _die_in_save(*map(int, os.environ["DRIVER_DIE_IN_SAVE"].split(":")))
 
 
 ds_logger.setLevel(logging.INFO)

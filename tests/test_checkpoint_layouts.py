@@ -110,7 +110,7 @@ def test_resume_tp1_pp1_at_tp2_pp1(corpus, tp1_no_pipe):
 
 def test_merged_tensors_are_the_saved_slices(original):
     """Independent of the cut: each saved TP shard is the contiguous block of the merged tensor."""
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     checkpoint = Checkpoint(original["ckpt"], 2)
     full = checkpoint.read_weights()
     assert set(full) == set(checkpoint.specs) and len(full) == 2 + 2 * 12 + 2  # embedding, 2 layers, final LN
@@ -129,7 +129,7 @@ def test_merged_tensors_are_the_saved_slices(original):
 def test_reshard_refuses_a_parameter_the_table_lacks(original, tmp_path):
     """A saved parameter the parameter table has no entry for (in a layer file, or among the
     optimizer's parameter names) is refused in one line naming it, before anything is merged."""
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.shape import ConfigError
     broken = checkpoint_at(original["ckpt"], 2, str(tmp_path / "extra"))
     layer_file = os.path.join(broken, "global_step2", "layer_01-model_00-model_states.pt")
@@ -230,7 +230,7 @@ def test_resume_refuses_a_truncated_shard_before_building(corpus, original, tmp_
 
 def test_training_does_not_import_transformers():
     """transformers / safetensors are the `hf` extra: the trainer must run without them."""
-    code = ("import sys, pretrain_gpt, megatron.training, megatron.checkpointing, megatron.resume_reshard; "
+    code = ("import sys, pretrain_gpt, megatron.training, megatron.checkpoint.manager, megatron.checkpoint.resume; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'safetensors')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                           env=dict(os.environ, PYTHONPATH=ROOT, DS_ACCELERATOR="cpu"))

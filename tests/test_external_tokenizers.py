@@ -78,7 +78,7 @@ def test_hf_tokenizer_padded_vocab_tp2_launch_count_and_export(tmp_path, hf_toke
     assert sorted(curve) == list(range(1, ITERS + 1)) and curve[ITERS] < curve[1], curve
 
     # the TP=2 shards merge to the padded 320 rows; the export keeps them and the tokenizer
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     assert tuple(Checkpoint(str(ckpt)).read_weights([0])[(0, "word_embeddings.weight")].shape) == (padded, h)
     pytest.importorskip("transformers")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -279,15 +279,15 @@ except ValueError as e:
 def test_resume_keeps_the_saved_padded_vocab_unless_pad_vocab_size_to_says_otherwise():
     from argparse import Namespace
 
+    from megatron.checkpoint.resume import _keep_padded_vocab
     from megatron.model.shape import ConfigError, ModelShape
-    from megatron.resume_reshard import _keep_padded_vocab
     shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=300,
                        make_vocab_size_divisible_by=64, pad_vocab_size_to=320, tensor_model_parallel_size=2)
     with pytest.raises(ConfigError, match="padded to 384, this run's --pad-vocab-size-to is 320; pass "
                                           "--pad-vocab-size-to 384"):
-        _keep_padded_vocab(384, Namespace(model_shape=shape), "--load x")
+        _keep_padded_vocab(384, shape, "--load x")
     args = Namespace(model_shape=shape)
-    _keep_padded_vocab(320, args, "--load x")  # the same size: nothing to change
+    _keep_padded_vocab(320, args.model_shape, "--load x")  # the same size: nothing to change
     assert args.model_shape.padded_vocab_size == 320
 
 

@@ -8,11 +8,6 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A circle another branch removes (the checkpoint package work, issue 28 item 2); tolerated by its
-# exact modules until then, so any other circle -- or this one grown -- still fails.
-KNOWN_CYCLES = [{"megatron.checkpoint_reshard", "megatron.checkpoint_zero_state"}]
-
-
 def _modules(root: str, package: str) -> dict[str, str]:
     """{dotted module name: file} of every .py file under root/package (a package is its __init__)."""
     found = {}
@@ -100,7 +95,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_megatron_has_no_import_cycle():
     graph = import_graph(ROOT, "megatron")
     assert len(graph) > 50 and "megatron.model.partition" in graph["megatron.model.analytic"]
-    found = [c for c in cycles(graph) if set(c) not in KNOWN_CYCLES]
+    found = cycles(graph)
     assert not found, f"import circles in megatron/ (function-local imports included): {found}"
 
 

@@ -249,8 +249,8 @@ def test_universal_checkpoint_info_names_every_built_parameter_by_its_tp_split()
     from deepspeed.checkpoint import constants as c
     from variants import shape_kwargs
 
+    from megatron.checkpoint.universal import universal_checkpoint_info
     from megatron.model.shape import ModelShape
-    from megatron.universal_checkpoint import universal_checkpoint_info
     [built] = run_distributed(1, _names_and_tags)
     for (name, pipeline), params in built.items():
         info = universal_checkpoint_info(ModelShape(**shape_kwargs(name)), pipeline)

@@ -4,7 +4,7 @@ AutoModelForCausalLM.from_pretrained(HF_DIR) and AutoTokenizer.from_pretrained(H
 
     python tools/convert_checkpoint_to_hf.py --load DIR --output HF_DIR [--iteration N]
 
-The TP slices and pipeline stages are merged by megatron/checkpoint_reshard.py (the same reader
+The TP slices and pipeline stages are merged by megatron/checkpoint/reshard.py (the same reader
 that resumes a checkpoint at another layout) by the split rules of the parameter table
 (megatron/model/analytic.py). Each architecture is one entry of ARCHITECTURES:
 `matches(checkpoint)` says whether it applies, `build(checkpoint, weights)` returns the
@@ -24,7 +24,7 @@ from megatron.model.shape import ConfigError, gpt2_variant
 if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
     import torch
 
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.analytic import ParamSpec
     from megatron.model.shape import ModelShape
     Weights = dict[tuple[int, str], torch.Tensor]
@@ -335,7 +335,7 @@ def write_tokenizer(vocab_file: str, merge_file: str, output: str, model_max_len
 # --- main -------------------------------------------------------------------------------------
 
 def convert(args: argparse.Namespace) -> int:
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.analytic import analytic_parameter_counts
 
     # bad input fails first, in a second, before transformers is imported
@@ -347,6 +347,10 @@ def convert(args: argparse.Namespace) -> int:
                           f"has no transformers architecture here "
                           f"({', '.join(name for name, _, _ in ARCHITECTURES)} are dense)")
     checkpoint.check_readable()
+    from megatron.checkpoint.manifest import verify_step
+    problem = verify_step(checkpoint.step_dir)[1]  # a shard altered in place would export garbage
+    if problem:
+        raise ConfigError(problem)
     external = _external_tokenizer(checkpoint, args)
     tokenizer_files = None if external else _tokenizer_files(checkpoint, args)
     import torch

@@ -5,7 +5,7 @@ counts that follow from it, and the FLOPs formula. The pipeline placement weighs
 rules of megatron/model/partition.py (`stage_parts`).
 
 The table is the one description of the parameters: the build-time matcher (megatron/utils.py),
-resharding (megatron/checkpoint_reshard.py) and the transformers export
+resharding (megatron/checkpoint/reshard.py) and the transformers export
 (tools/convert_checkpoint_to_hf.py) find a parameter by the names `entries_by_name` gives and
 cut, merge or unfuse it by its entry's split rule (`SPLIT_DIMS`, `block`, `fused_parts`).
 
