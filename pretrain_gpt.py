@@ -11,6 +11,9 @@ from megatron.model.config import GPTConfig
 from megatron.model.gpt_model import GPTModel, GPTModelPipe
 from megatron.model.moe import create_expert_groups
 
+# a run stopped by --check-for-nan-in-loss-and-grad (2: a configuration error; 0: finished or saved and exited)
+NON_FINITE_EXIT_CODE = 3
+
 if TYPE_CHECKING:
     from megatron.trainer import TrainerHooks
     from megatron.training_state import TrainingProgress
@@ -68,7 +71,7 @@ def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_sam
 def main(args_list: list[str] | None = None,
          hooks: "TrainerHooks | None" = None) -> "tuple[Namespace, TrainingProgress]":
     """hooks: a megatron.training.TrainerHooks that watches the run (tests/pretrain_driver.py)."""
-    from megatron.training import pretrain
+    from megatron.training import NonFiniteLoss, pretrain
     try:
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
                         args_list=args_list, hooks=hooks)
@@ -78,6 +81,8 @@ def main(args_list: list[str] | None = None,
         sys.stderr.write(f"pretrain_gpt.py: error: {e}\n")
         sys.stderr.flush()
         sys.exit(2)
+    except NonFiniteLoss:  # its one line is out (rank 0); nothing was saved at that iteration
+        sys.exit(NON_FINITE_EXIT_CODE)
 
 
 if __name__ == "__main__":

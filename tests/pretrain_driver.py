@@ -17,13 +17,17 @@ $DRIVER_OUT/rank{R}.json:
     received (the data actually drawn), in order;
   * with DRIVER_DUMP_LOADED=1: right after --load, every parameter's weights, fp32 master and Adam
     moments as DeepSpeed's own API gathers them over DP (safe_get_full_*), in rank{R}_loaded.pt;
-  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging.
+  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging;
+  * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
+    (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
+    signal processes while every rank is known to be inside iteration N.
 """
 import json
 import logging
 import os
 import re
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -86,6 +90,12 @@ class Recorder(TrainerHooks):
 
     def on_step_start(self, trainer):
         self.inf_hook = None
+        if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_PAUSE_AT", "0")):
+            path = os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}.paused")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"pid": os.getpid(), "ppid": os.getppid()}, f)
+            os.replace(path + ".tmp", path)  # whole, for the test that polls for it
+            time.sleep(float(os.environ.get("DRIVER_PAUSE_S", "4")))
         if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
             param = next(trainer.engine.module.parameters())
             self.inf_hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
