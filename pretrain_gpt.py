@@ -87,7 +87,12 @@ def main(args_list: list[str] | None = None,
 
 if __name__ == "__main__":
     from megatron.process_exit import exit_after_success
-    main()
+    try:
+        main()
+    except SystemExit as e:  # the NaN stop's code, also past teardown; any other exit as before
+        if e.code == NON_FINITE_EXIT_CODE:
+            exit_after_success(NON_FINITE_EXIT_CODE)
+        raise
     # a finished run leaves without interpreter teardown (gloo's threads can abort it, exit status
     # 250, after the last iteration); this also skips the final garbage collection of every object
     # torch and DeepSpeed created. A failure raised above still exits non-zero.

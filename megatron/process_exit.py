@@ -17,11 +17,12 @@ import sys
 from typing import NoReturn
 
 
-def exit_after_success() -> NoReturn:
+def exit_after_success(code: int = 0) -> NoReturn:
     """Close the TensorBoard writer, run the registered exit handlers (logging's flush and any
-    clean-up a library registered), flush stdout / stderr, and end the process with status 0.
-    Checkpoints need nothing here: DeepSpeed's save has written and closed every file before
-    save_checkpoint's final barrier."""
+    clean-up a library registered), flush stdout / stderr, and end the process with status `code`
+    (0; a run stopped on purpose after training, e.g. on a NaN, passes its own code so that
+    teardown cannot turn it into 250). Checkpoints need nothing here: DeepSpeed's save has written
+    and closed every file before save_checkpoint's final barrier."""
     from megatron.global_vars import close_tensorboard_writer
 
     close_tensorboard_writer()  # a no-op when pretrain already closed it
@@ -29,4 +30,4 @@ def exit_after_success() -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(code)

@@ -197,7 +197,9 @@ def test_a_non_finite_loss_stops_the_run_and_leaves_the_checkpoint_as_it_was(pre
     ckpt = tmp / "checked_ckpt"
     shutil.copytree(preempted["ckpt"], ckpt)
     before = _file_hashes(ckpt)
-    proc, _ = launch(2, RUN + bad_lr + ["--load", ckpt, "--save", ckpt], str(tmp / "checked"), check=False)
+    # through pretrain_gpt.py's own entry point, as users launch it
+    proc, _ = launch(2, RUN + bad_lr + ["--load", ckpt, "--save", ckpt], str(tmp / "checked"), check=False,
+                     script="pretrain_gpt.py")
     assert proc.returncode == NON_FINITE_EXIT_CODE, proc.stdout[-6000:]
     [line] = [line for line in proc.stdout.splitlines() if "is not finite" in line]
     assert line.startswith(f"stopping at iteration {first_bad}: the lm loss (")
