@@ -89,7 +89,8 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def preempted(tmp_path_factory):
-    """SIGTERM at every process while both ranks are inside iteration 3 (as scancel sends it)."""
+    """SIGTERM at every process while both ranks are inside iteration 3, as scancel sends it (the
+    ranks read in-process, --num-workers 0: a data loader worker dies of the signal, see README)."""
     tmp = tmp_path_factory.mktemp("preempted")
     ckpt = tmp / "ckpt"
     monkeypatch = pytest.MonkeyPatch()
