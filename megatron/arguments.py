@@ -159,6 +159,15 @@ def _add_training_args(parser):
                    help="also stop once this many tokens (samples x seq length) are consumed (Microsoft's fork)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)  # Megatron: int; fractions for short runs
+    # Megatron-LM's: on --exit-signal (or when the rank's launcher goes away) every rank finishes the
+    # iteration, saves and exits 0 (megatron/exit_signal.py)
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="save a checkpoint and exit when --exit-signal arrives at any rank or the launcher exits")
+    g.add_argument("--exit-signal", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], default="SIGTERM",
+                   help="the signal --exit-signal-handler acts on")
+    # Megatron-LM's: on by default; a non-finite loss or gradient norm stops the run without a save
+    g.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad",
+                   help="train on through a non-finite loss or gradient norm")
     g.add_argument("--optimizer", type=str, default="adam")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)

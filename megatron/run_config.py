@@ -166,10 +166,14 @@ class ExitSettings:
     exit_interval: int | None
     exit_duration_in_mins: float | None
     kill_switch_path: str | None
+    exit_signal_handler: bool = False  # save and exit on exit_signal (or a launcher that went away)
+    exit_signal: str = "SIGTERM"
+    check_for_nan_in_loss_and_grad: bool = True  # stop on a non-finite loss or gradient norm
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ExitSettings":
-        return cls(args.exit_interval, args.exit_duration_in_mins, getattr(args, "kill_switch_path", None))
+        return cls(args.exit_interval, args.exit_duration_in_mins, getattr(args, "kill_switch_path", None),
+                   args.exit_signal_handler, args.exit_signal, args.check_for_nan_in_loss_and_grad)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import os
 import time
 from argparse import Namespace
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import deepspeed
 import torch
@@ -19,6 +19,7 @@ from megatron.checkpoint.config import CheckpointConfig
 from megatron.checkpoint.manager import CheckpointManager, set_rng_state
 from megatron.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
 from megatron.engine import engine_steps, pop_moe_loss
+from megatron.exit_signal import ExitSignalHandler
 from megatron.global_vars import get_timers
 from megatron.learning_rates import AnnealingLR
 from megatron.metrics.config import LoggingConfig
@@ -82,6 +83,19 @@ class TrainerHooks:
         """Each evaluation's mean loss, before its line; `name`: the data group, if any."""
 
 
+class NonFiniteLoss(Exception):
+    """The run stopped on a non-finite loss or gradient norm (--check-for-nan-in-loss-and-grad):
+    nothing was saved at that iteration. Raised by Trainer.run on every rank after the one line."""
+
+
+class StopFlags(NamedTuple):
+    """What the ranks agreed on after an iteration (stop_flags): each True when any rank saw it."""
+    late: bool = False        # past --exit-duration-in-mins
+    killed: bool = False      # the --kill-switch-path file exists
+    signalled: bool = False   # --exit-signal-handler: the signal, or a launcher that went away
+    non_finite: bool = False  # --check-for-nan-in-loss-and-grad: a non-finite loss or gradient norm
+
+
 class Trainer:
     """One run: owns the engine, the LR scheduler, the batch-size calculator, the progress, the
     parameter counts, the metrics (a MetricsProcessor: log line, TensorBoard writer, MFU, memory
@@ -109,6 +123,7 @@ class Trainer:
         self.train_iter: Iterator | None = None
         self.valid_iters: NamedIterators = None  # [(group name, iterator)] or None
         self.test_iters: NamedIterators = None
+        self.exit_signal: ExitSignalHandler | None = None  # --exit-signal-handler, while train() runs
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
         self.metrics = MetricsProcessor(config.logging if config else LoggingConfig.from_args(args), cache=args)
         self.checkpointer = (CheckpointManager.from_run_config(config) if config else
@@ -183,7 +198,18 @@ class Trainer:
 
     def run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         """Load, build the data, train, then the end-of-run evaluation and save (or the exit save).
-        Returns why training stopped (see `train`)."""
+        Returns why training stopped (see `train`). --exit-signal-handler's handler is in place
+        from here to the end of the exit save: a signal during startup stops the run after its
+        first iteration, and a second one (DeepSpeed's launcher repeats SIGTERM) cannot cut the save."""
+        if self.exit.exit_signal_handler:
+            self.exit_signal = ExitSignalHandler(self.exit.exit_signal).install()
+        try:
+            return self._run(dataset_provider, batch_fn)
+        finally:
+            if self.exit_signal is not None:
+                self.exit_signal.release()
+
+    def _run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         args, progress = self.args, self.progress
         rng_state = self.load() if args.load else None
         self.calculator.update(progress.consumed_train_samples)
@@ -196,6 +222,8 @@ class Trainer:
         if args.train_iters is None or progress.iteration < args.train_iters:
             stop = self.train()
         self.finish(stop)
+        if stop == "non-finite":
+            raise NonFiniteLoss(f"iteration {progress.iteration}: non-finite lm loss or gradient norm")
         return stop
 
     # --- train ---------------------------------------------------------------------------------
@@ -231,8 +259,9 @@ class Trainer:
             self.engine.set_train_batch_size(self.calculator.get_current_global_batch_size())
 
     def train(self) -> str:
-        """Trains until the schedule ends ("finished") or an exit flag fires ("exit-interval",
-        "exit-duration", "kill-switch": the file appeared); returns which."""
+        """Trains until the schedule ends ("finished"), an exit flag fires ("exit-interval",
+        "exit-duration", "kill-switch": the file appeared, "exit-signal": --exit-signal-handler) or
+        the loss or gradient norm is not finite ("non-finite"); returns which."""
         timers = get_timers()
         self.engine.train()
         stats = IntervalStats()
@@ -247,6 +276,11 @@ class Trainer:
             timers("interval-time").start()
             loss, gbs = self.train_step()
             timers("interval-time").stop()
+            # the iteration's one small collective, before anything is logged or saved from it
+            flags = self.agree_on_stop(start_time, loss)
+            if flags.non_finite:
+                self._report_non_finite(loss)
+                return "non-finite"
             stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss())
             self.measure_memory()  # once, after the first iteration: measured vs predicted memory
             if self.metrics.should_log(self.progress.iteration):
@@ -256,7 +290,7 @@ class Trainer:
                 self.validate(f"iteration {self.progress.iteration}")
             if self._should_save():
                 self.save()
-            stop = self._should_exit(start_time)
+            stop = self._should_exit(flags)
             if stop:
                 return stop
 
@@ -289,15 +323,42 @@ class Trainer:
     def _should_save(self) -> bool:
         return self.checkpointer.should_save(self.progress.iteration)
 
-    def _should_exit(self, start_time: float) -> str | None:
+    def agree_on_stop(self, start_time: float, loss: torch.Tensor) -> StopFlags:
+        """The exit flags and the NaN check of this iteration, agreed by every rank (stop_flags).
+        A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is not checked."""
+        non_finite = None
+        if self.exit.check_for_nan_in_loss_and_grad:
+            non_finite = torch.zeros((), dtype=torch.bool, device=loss.device)
+            if self.engine.was_step_applied():
+                non_finite = ~torch.isfinite(loss.detach())
+                grad_norm = self.engine.get_global_grad_norm()  # cached by the step (None: not computed)
+                if grad_norm is not None:
+                    non_finite = non_finite | ~torch.isfinite(torch.as_tensor(grad_norm, device=loss.device))
+        received = None if self.exit_signal is None else self.exit_signal.received is not None
+        return stop_flags(start_time, self.exit, received, non_finite)
+
+    def _report_non_finite(self, loss: torch.Tensor) -> None:
+        """The one line of a NaN / Inf stop (rank 0), naming the iteration and the way on."""
+        it = self.progress.iteration
+        print_rank_0(f"stopping at iteration {it}: the lm loss ({float(loss):.6E}) or the gradient norm "
+                     f"({self.engine.get_global_grad_norm()}) is not finite; nothing saved at this iteration. "
+                     f"Resume with a lower --lr or skip its data with --skip-train-iteration-range {it}-{it} "
+                     "(--no-check-for-nan-in-loss-and-grad trains on)")
+
+    def _should_exit(self, flags: StopFlags) -> str | None:
         settings = self.exit
         if settings.exit_interval and self.progress.iteration % settings.exit_interval == 0:
             return "exit-interval"
-        late, killed = exit_signals(start_time, settings)
-        if killed:
+        if flags.killed:
             print_rank_0(f"Detected kill switch at {settings.kill_switch_path}. Exiting")
             return "kill-switch"
-        return "exit-duration" if late else None
+        if flags.signalled:
+            # rank 0's own reason when it has one (every rank that got the signal has)
+            why = self.exit_signal.received if self.exit_signal is not None else None
+            why = why or f"another rank received {settings.exit_signal} or lost its launcher"
+            print_rank_0(f"--exit-signal-handler: {why}; saving and exiting after iteration {self.progress.iteration}")
+            return "exit-signal"
+        return "exit-duration" if flags.late else None
 
     # --- metrics -------------------------------------------------------------------------------
 
@@ -361,7 +422,9 @@ class Trainer:
             for name, test_iter in self.test_iters if testing else []:
                 loss, _ = self.evaluate(test_iter)
                 self._log_evaluation("the end of training for test data", loss, name, tensorboard=False)
-        else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path: save and leave
+        elif stop == "non-finite":  # no save: the weights may already be non-finite
+            pass
+        else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path / a signal: save and leave
             if unsaved:
                 self.save()
             torch.distributed.barrier()
@@ -381,17 +444,30 @@ def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) 
 
 
 def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]:
-    """(out of time, kill switch), decided together: one MAX all-reduce of both flags, so one rank
-    past --exit-duration-in-mins, or one rank that sees the --kill-switch-path file, stops every rank
-    after the same iteration (a rank alone in the exit save's barrier would hang the job). No
-    collective when neither flag is given; with either, this is the iteration's one extra collective
-    (two floats; a file stat per rank)."""
+    """(out of time, kill switch) as stop_flags decides them (used at startup, before training)."""
+    flags = stop_flags(start_time, settings)
+    return flags.late, flags.killed
+
+
+def stop_flags(start_time: float, settings: ExitSettings, received: bool | None = None,
+               non_finite: torch.Tensor | None = None) -> StopFlags:
+    """Every rank's exit flags and NaN check, decided together: one MAX all-reduce of four floats,
+    so one rank past --exit-duration-in-mins, one rank that sees the --kill-switch-path file, one
+    rank that received the --exit-signal-handler signal (`received`) or one rank with a non-finite
+    loss or gradient norm (`non_finite`, a 0-dim bool tensor: no host sync before the collective)
+    stops every rank after the same iteration (a rank alone in the exit save's barrier would hang
+    the job; under PP only the last stage computes the loss). The collective runs when any of these
+    is configured (the NaN check is on by default), else nothing: a file stat per rank with a kill
+    switch, one host sync per iteration for reading the result."""
     kill_switch, minutes = settings.kill_switch_path, settings.exit_duration_in_mins
-    if not minutes and not kill_switch:
-        return False, False
+    if not minutes and not kill_switch and received is None and non_finite is None:
+        return StopFlags()
     late = bool(minutes) and time.time() - start_time > 60 * minutes
-    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch))])
+    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch)),
+                          float(bool(received)), 0.0])
     if torch.cuda.is_available():
         flags = flags.cuda()
+    if non_finite is not None:
+        flags[3] = non_finite.to(flags.device)
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    return bool(flags[0].item()), bool(flags[1].item())
+    return StopFlags(*(value > 0 for value in flags.tolist()))

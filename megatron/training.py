@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from megatron import print_rank_0
 from megatron.initialize import initialize_megatron
-from megatron.trainer import Trainer, TrainerHooks, exit_signals
+from megatron.trainer import NonFiniteLoss, Trainer, TrainerHooks, exit_signals
 from megatron.training_state import TrainingProgress
 
-__all__ = ["Trainer", "TrainerHooks", "exit_signals", "pretrain"]
+__all__ = ["NonFiniteLoss", "Trainer", "TrainerHooks", "exit_signals", "pretrain"]
 
 
 def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callable, forward_step_func: Callable,

@@ -21,7 +21,10 @@ $DRIVER_OUT/rank{R}.json:
   * with DRIVER_DIE_IN_SAVE=N:R: rank R kills itself (SIGKILL, as a node loss or the OOM killer does)
     right after writing its ZeRO optimizer file of iteration N's save, mid-save;
   * with DRIVER_HOLD_UNTIL=PATH: every rank waits, once the engine is built (the run holds its
-    --save directory by then), until PATH exists (a test does something meanwhile).
+    --save directory by then), until PATH exists (a test does something meanwhile);
+  * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
+    (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
+    signal processes while every rank is known to be inside iteration N.
 """
 import json
 import logging
@@ -95,6 +98,12 @@ class Recorder(TrainerHooks):
 
     def on_step_start(self, trainer):
         self.inf_hook = None
+        if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_PAUSE_AT", "0")):
+            path = os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}.paused")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"pid": os.getpid(), "ppid": os.getppid()}, f)
+            os.replace(path + ".tmp", path)  # whole, for the test that polls for it
+            time.sleep(float(os.environ.get("DRIVER_PAUSE_S", "4")))
         if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
             param = next(trainer.engine.module.parameters())
             self.inf_hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
