@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from megatron.memory import TrainingSetup
+from megatron.metrics.memory import TrainingSetup
 
 
 @dataclass(frozen=True)
