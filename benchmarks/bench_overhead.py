@@ -7,10 +7,11 @@ Timing in-process rather than parsing "elapsed time per iteration" from a launch
 both loops alternate round by round in the same process and thread pool, so machine noise
 lands on both alike, and nothing outside the step (launcher, startup, logging) is counted.
 
-It also times what the loop adds after each step: the stop check (Trainer.agree_on_stop: the
-NaN check, on by default, and the exit flags, in one MAX all-reduce of four floats), in this
-process (world size 1) and, for the collective's own latency between ranks, a gloo all-reduce of
-four floats between two processes on this host.
+It also times what the loop adds after each step: the NaN check (Trainer.non_finite, on by
+default: one MAX all-reduce of one float), in this process (world size 1) and, for the collective's
+own latency between ranks, a gloo all-reduce of one float between two processes on this host.
+The exit flags (Trainer.agree_on_stop) add a second such all-reduce only when --exit-duration-in-mins,
+--kill-switch-path or --exit-signal-handler is given.
 
 Usage: python benchmarks/bench_overhead.py [--reps 5] [--iters 2] [--threads 1] [model flags]
 """
@@ -38,7 +39,7 @@ def _time_calls(call, n: int) -> float:
 def _allreduce_rank(rank: int, port: int, n: int, result: "mp.Queue") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    flags = torch.zeros(4)
+    flags = torch.zeros(1)
     seconds = _time_calls(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MAX), n)
     if rank == 0:
         result.put(seconds)
@@ -93,12 +94,11 @@ def main() -> None:
     print(common.table(["runner", "ms / step", "tokens / s", "tokens/s vs plain"], rows))
     print(rounds.note())
 
-    # the stop check after each iteration: NaN check (default) + exit flags, one all-reduce
+    # the NaN check after each iteration (on by default): one all-reduce of one float
     loss, step = ours.step(), common.median(seconds["ours: pipeline engine (default path), TP=1 PP=1"])
-    start = time.time()
-    check = _time_calls(lambda: ours.trainer.agree_on_stop(start, loss), 2000)
+    check = _time_calls(lambda: ours.trainer.non_finite(loss), 2000)
     between = two_rank_allreduce_seconds()
-    print(f"stop check per iteration (NaN check + exit flags, one all-reduce of 4 floats): "
+    print(f"NaN check per iteration (one all-reduce of 1 float): "
           f"{1e6 * check:.0f} us in this process (world size 1), {100 * check / step:.3f}% of a step; "
           f"the all-reduce between 2 gloo processes on this host: {1e6 * between:.0f} us")
 

@@ -93,7 +93,6 @@ class StopFlags(NamedTuple):
     late: bool = False        # past --exit-duration-in-mins
     killed: bool = False      # the --kill-switch-path file exists
     signalled: bool = False   # --exit-signal-handler: the signal, or a launcher that went away
-    non_finite: bool = False  # --check-for-nan-in-loss-and-grad: a non-finite loss or gradient norm
 
 
 class Trainer:
@@ -276,9 +275,8 @@ class Trainer:
             timers("interval-time").start()
             loss, gbs = self.train_step()
             timers("interval-time").stop()
-            # the iteration's one small collective, before anything is logged or saved from it
-            flags = self.agree_on_stop(start_time, loss)
-            if flags.non_finite:
+            # before anything is logged or saved from this iteration
+            if self.exit.check_for_nan_in_loss_and_grad and self.non_finite(loss):
                 self._report_non_finite(loss)
                 return "non-finite"
             stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss())
@@ -290,7 +288,8 @@ class Trainer:
                 self.validate(f"iteration {self.progress.iteration}")
             if self._should_save():
                 self.save()
-            stop = self._should_exit(flags)
+            # after the log and the save, as before: a switch that appeared meanwhile stops this iteration
+            stop = self._should_exit(self.agree_on_stop(start_time))
             if stop:
                 return stop
 
@@ -323,19 +322,25 @@ class Trainer:
     def _should_save(self) -> bool:
         return self.checkpointer.should_save(self.progress.iteration)
 
-    def agree_on_stop(self, start_time: float, loss: torch.Tensor) -> StopFlags:
-        """The exit flags and the NaN check of this iteration, agreed by every rank (stop_flags).
-        A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is not checked."""
-        non_finite = None
-        if self.exit.check_for_nan_in_loss_and_grad:
-            non_finite = torch.zeros((), dtype=torch.bool, device=loss.device)
-            if self.engine.was_step_applied():
-                non_finite = ~torch.isfinite(loss.detach())
-                grad_norm = self.engine.get_global_grad_norm()  # cached by the step (None: not computed)
-                if grad_norm is not None:
-                    non_finite = non_finite | ~torch.isfinite(torch.as_tensor(grad_norm, device=loss.device))
+    def non_finite(self, loss: torch.Tensor) -> bool:
+        """--check-for-nan-in-loss-and-grad: whether any rank's loss or the gradient norm of this
+        iteration is not finite (under PP only the last stage has the loss), by one MAX all-reduce of
+        one number. A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is
+        not checked."""
+        flag = torch.zeros((), dtype=torch.float32, device=loss.device)
+        if self.engine.was_step_applied():
+            bad = ~torch.isfinite(loss.detach())
+            grad_norm = self.engine.get_global_grad_norm()  # cached by the step (None: not computed)
+            if grad_norm is not None:
+                bad = bad | ~torch.isfinite(torch.as_tensor(grad_norm, device=loss.device))
+            flag = bad.to(torch.float32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def agree_on_stop(self, start_time: float) -> StopFlags:
+        """The exit flags after this iteration, agreed by every rank (stop_flags)."""
         received = None if self.exit_signal is None else self.exit_signal.received is not None
-        return stop_flags(start_time, self.exit, received, non_finite)
+        return stop_flags(start_time, self.exit, received)
 
     def _report_non_finite(self, loss: torch.Tensor) -> None:
         """The one line of a NaN / Inf stop (rank 0), naming the iteration and the way on."""
@@ -449,25 +454,19 @@ def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]
     return flags.late, flags.killed
 
 
-def stop_flags(start_time: float, settings: ExitSettings, received: bool | None = None,
-               non_finite: torch.Tensor | None = None) -> StopFlags:
-    """Every rank's exit flags and NaN check, decided together: one MAX all-reduce of four floats,
-    so one rank past --exit-duration-in-mins, one rank that sees the --kill-switch-path file, one
-    rank that received the --exit-signal-handler signal (`received`) or one rank with a non-finite
-    loss or gradient norm (`non_finite`, a 0-dim bool tensor: no host sync before the collective)
-    stops every rank after the same iteration (a rank alone in the exit save's barrier would hang
-    the job; under PP only the last stage computes the loss). The collective runs when any of these
-    is configured (the NaN check is on by default), else nothing: a file stat per rank with a kill
-    switch, one host sync per iteration for reading the result."""
+def stop_flags(start_time: float, settings: ExitSettings, received: bool | None = None) -> StopFlags:
+    """Every rank's exit flags, decided together: one MAX all-reduce of three floats, so one rank
+    past --exit-duration-in-mins, one rank that sees the --kill-switch-path file or one rank that
+    received the --exit-signal-handler signal (`received`) stops every rank after the same iteration
+    (a rank alone in the exit save's barrier would hang the job). No collective when none of these
+    is configured; with any, this is the iteration's one extra collective (a file stat per rank with
+    a kill switch)."""
     kill_switch, minutes = settings.kill_switch_path, settings.exit_duration_in_mins
-    if not minutes and not kill_switch and received is None and non_finite is None:
+    if not minutes and not kill_switch and received is None:
         return StopFlags()
     late = bool(minutes) and time.time() - start_time > 60 * minutes
-    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch)),
-                          float(bool(received)), 0.0])
+    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch)), float(bool(received))])
     if torch.cuda.is_available():
         flags = flags.cuda()
-    if non_finite is not None:
-        flags[3] = non_finite.to(flags.device)
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     return StopFlags(*(value > 0 for value in flags.tolist()))

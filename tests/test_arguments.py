@@ -113,13 +113,14 @@ def test_optimizer_adamw_is_megatrons_adam_with_decoupled_weight_decay():
     import torch
 
     from megatron.optimizer import build_optimizer
+    from megatron.run_config import OptimizerSettings, Precision
     args = validated(["--optimizer", "adamw", "--weight-decay", "0.1", "--bf16"])  # bf16: DeepSpeed clips
     assert args.optimizer == "adam"
     model = torch.nn.Linear(3, 2)
     with torch.no_grad():
         model.weight.fill_(1.0)
         model.bias.fill_(1.0)
-    optimizer = build_optimizer(model, args)
+    optimizer = build_optimizer(model, OptimizerSettings.from_args(args), Precision.from_args(args))
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()

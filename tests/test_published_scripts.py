@@ -406,11 +406,13 @@ class WhoReads:
 
 def _loader_workers(extra):
     from megatron.arguments import parse_args, validate_args
+    from megatron.run_config import DataSettings, EvaluationSettings
     from megatron.training_data import build_data_iterators
     from megatron.training_state import TrainingProgress
 
     args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
     train, valid, test = build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,
+                                              DataSettings.from_args(args), EvaluationSettings.from_args(args),
                                               TrainingProgress(), lambda batch: batch["text"], total_iterations=4)
     # validation and test come as [(group name, iterator)] (one unnamed group without split paths)
     return [int(next(it).max()) for it in (train, valid[0][1], test[0][1])]
