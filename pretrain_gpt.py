@@ -1,4 +1,5 @@
 """Pretrain GPT: `deepspeed pretrain_gpt.py <Megatron-DeepSpeed flags>`."""
+import sys
 from argparse import Namespace
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,9 @@ from megatron.arguments import ConfigError
 from megatron.model.config import GPTConfig
 from megatron.model.gpt_model import GPTModel, GPTModelPipe
 from megatron.model.moe import create_expert_groups
+
+# a run stopped by --check-for-nan-in-loss-and-grad (2: a configuration error; 0: finished or saved and exited)
+NON_FINITE_EXIT_CODE = 3
 
 if TYPE_CHECKING:
     from megatron.trainer import TrainerHooks
@@ -68,7 +72,7 @@ def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_sam
 def main(args_list: list[str] | None = None,
          hooks: "TrainerHooks | None" = None) -> "tuple[Namespace, TrainingProgress]":
     """hooks: a megatron.training.TrainerHooks that watches the run (tests/pretrain_driver.py)."""
-    from megatron.training import pretrain
+    from megatron.training import NonFiniteLoss, pretrain
     try:
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
                         args_list=args_list, hooks=hooks)
@@ -77,11 +81,18 @@ def main(args_list: list[str] | None = None,
         # job (global rank 0), every rank exiting with code 2 (megatron/refusal.py)
         from megatron.refusal import exit_refused
         exit_refused("pretrain_gpt.py", str(e))
+    except NonFiniteLoss:  # its one line is out (rank 0); nothing was saved at that iteration
+        sys.exit(NON_FINITE_EXIT_CODE)
 
 
 if __name__ == "__main__":
     from megatron.process_exit import exit_after_success
-    main()
+    try:
+        main()
+    except SystemExit as e:  # the NaN stop's code, also past teardown; any other exit as before
+        if e.code == NON_FINITE_EXIT_CODE:
+            exit_after_success(NON_FINITE_EXIT_CODE)
+        raise
     # a finished run leaves without interpreter teardown (gloo's threads can abort it, exit status
     # 250, after the last iteration); this also skips the final garbage collection of every object
     # torch and DeepSpeed created. A failure raised above still exits non-zero.

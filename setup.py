@@ -27,9 +27,10 @@ setup(
         # --tokenizer-type GPTSentencePieceTokenizer
         "sentencepiece": ["sentencepiece"],
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
-        # ruff: the lint CI runs before the tests (ruff.toml); transformers, safetensors: the HF export;
+        # ruff, mypy: the lint and type check CI runs before the tests (ruff.toml, mypy.ini);
+        # transformers, safetensors: the HF export;
         # matplotlib, scipy: tools/compare_runs.py; sentencepiece: the SentencePiece tokenizer tests
-        "test": ["pytest", "tokenizers", "ruff==0.17.6", "transformers>=5", "safetensors", "matplotlib", "scipy",
-                 "sentencepiece"],
+        "test": ["pytest", "tokenizers", "ruff==0.17.6", "mypy==2.4.1", "transformers>=5", "safetensors", "matplotlib",
+                 "scipy", "sentencepiece"],
     },
 )

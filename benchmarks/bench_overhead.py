@@ -7,12 +7,57 @@ Timing in-process rather than parsing "elapsed time per iteration" from a launch
 both loops alternate round by round in the same process and thread pool, so machine noise
 lands on both alike, and nothing outside the step (launcher, startup, logging) is counted.
 
+It also times what the loop adds after each step: the stop check (Trainer.agree_on_stop: the
+NaN check, on by default, and the exit flags, in one MAX all-reduce of four floats), in this
+process (world size 1) and, for the collective's own latency between ranks, a gloo all-reduce of
+four floats between two processes on this host.
+
 Usage: python benchmarks/bench_overhead.py [--reps 5] [--iters 2] [--threads 1] [model flags]
 """
 import argparse
+import os
+import time
 
 import common
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _time_calls(call, n: int) -> float:
+    """Median seconds per call over 5 batches of n calls."""
+    batches = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        batches.append((time.perf_counter() - start) / n)
+    return common.median(batches)
+
+
+def _allreduce_rank(rank: int, port: int, n: int, result: "mp.Queue") -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    flags = torch.zeros(4)
+    seconds = _time_calls(lambda: dist.all_reduce(flags, op=dist.ReduceOp.MAX), n)
+    if rank == 0:
+        result.put(seconds)
+    dist.destroy_process_group()
+
+
+def two_rank_allreduce_seconds(n: int = 2000) -> float:
+    """Seconds per MAX all-reduce of four floats between two gloo processes on this host."""
+    from megatron.launch import free_port
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_allreduce_rank, args=(rank, port, n, result)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    seconds = result.get(timeout=600)
+    for p in procs:
+        p.join()
+    return seconds
 
 
 def main() -> None:
@@ -47,6 +92,15 @@ def main() -> None:
           f"{a.threads} torch thread(s); median of {a.reps} interleaved rounds x {a.iters} steps")
     print(common.table(["runner", "ms / step", "tokens / s", "tokens/s vs plain"], rows))
     print(rounds.note())
+
+    # the stop check after each iteration: NaN check (default) + exit flags, one all-reduce
+    loss, step = ours.step(), common.median(seconds["ours: pipeline engine (default path), TP=1 PP=1"])
+    start = time.time()
+    check = _time_calls(lambda: ours.trainer.agree_on_stop(start, loss), 2000)
+    between = two_rank_allreduce_seconds()
+    print(f"stop check per iteration (NaN check + exit flags, one all-reduce of 4 floats): "
+          f"{1e6 * check:.0f} us in this process (world size 1), {100 * check / step:.3f}% of a step; "
+          f"the all-reduce between 2 gloo processes on this host: {1e6 * between:.0f} us")
 
 
 if __name__ == "__main__":

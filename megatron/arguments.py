@@ -6,6 +6,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from typing import cast
 
 from megatron.model.shape import (  # noqa: F401
     GLU_ACTIVATIONS,
@@ -158,6 +159,15 @@ def _add_training_args(parser):
                    help="also stop once this many tokens (samples x seq length) are consumed (Microsoft's fork)")
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)  # Megatron: int; fractions for short runs
+    # Megatron-LM's: on --exit-signal (or when the rank's launcher goes away) every rank finishes the
+    # iteration, saves and exits 0 (megatron/exit_signal.py)
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="save a checkpoint and exit when --exit-signal arrives at any rank or the launcher exits")
+    g.add_argument("--exit-signal", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], default="SIGTERM",
+                   help="the signal --exit-signal-handler acts on")
+    # Megatron-LM's: on by default; a non-finite loss or gradient norm stops the run without a save
+    g.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad",
+                   help="train on through a non-finite loss or gradient norm")
     g.add_argument("--optimizer", type=str, default="adam")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)
@@ -501,7 +511,7 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
     check_logging_flags(args, fp32_zero0=not (args.fp16 or args.bf16) and args.zero_stage == 0)
-    return args
+    return cast(RunArgs, args)  # as_run_args above made it one
 
 
 def _resolve_activation_checkpointing(args):

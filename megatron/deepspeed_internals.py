@@ -233,7 +233,7 @@ def write_flat_state(engine: Any, value_of: Callable[[torch.nn.Parameter], Maste
     for lp_group, group in zip(_lp_groups(optimizer), base.param_groups, strict=True):
         keys, step = set(), None
         for lp in lp_group:
-            mapping = lp._hp_mapping
+            mapping = lp._hp_mapping  # type: ignore[attr-defined]
             if mapping is None:  # this DP rank owns no element of lp
                 continue
             master, moments, saved_step = value_of(lp)
@@ -246,10 +246,11 @@ def write_flat_state(engine: Any, value_of: Callable[[torch.nn.Parameter], Maste
                 step = saved_step if step is None else step
         if keys:
             for lp in lp_group:  # a parameter without saved state (it never had a gradient) starts at zero
-                if lp._hp_mapping is not None:
-                    fragment = lp._hp_mapping.get_hp_fragment()
-                    for key in keys - set(lp._hp_mapping.optim_fragment):
-                        lp._hp_mapping.optim_fragment[key] = torch.zeros_like(fragment)
+                hp_mapping = lp._hp_mapping  # type: ignore[attr-defined]
+                if hp_mapping is not None:
+                    fragment = hp_mapping.get_hp_fragment()
+                    for key in keys - set(hp_mapping.optim_fragment):
+                        hp_mapping.optim_fragment[key] = torch.zeros_like(fragment)
             flat = group["params"][0]
             map_to_flat_opt_states(flat, lp_group, base.state, keys)
             if step is not None:
@@ -315,7 +316,7 @@ def expert_data_parallel_rank(group_name: str) -> int:
     return groups._get_expert_data_parallel_rank(group_name)
 
 
-def is_expert_parameter(param: torch.nn.Parameter) -> bool:
+def is_expert_parameter(param: torch.Tensor) -> bool:
     """DeepSpeed's mark on expert parameters (deepspeed.moe.utils, not exported)."""
     from deepspeed.moe.utils import is_moe_param
     return is_moe_param(param)

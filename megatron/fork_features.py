@@ -4,6 +4,7 @@
 trainer does not have, each refused with one line before anything is built (a script passing them
 expects a training this trainer would not do)."""
 import argparse
+from typing import Any
 
 from megatron.model.shape import ConfigError
 from megatron.model.shape import require as _require
@@ -11,7 +12,7 @@ from megatron.model.shape import require as _require
 # flag -> (argparse keywords, the feature named in the refusal). Spellings and value types as the
 # forks define them (Microsoft's megatron/arguments.py; muP and --no-train from BigScience's tr14 /
 # tr7b scripts, which ran on branches of their fork)
-REFUSED = {
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "--kd": ({"action": "store_true"}, "knowledge distillation (Microsoft)"),
     "--kd-alpha-ce": ({"type": float}, "knowledge distillation (Microsoft)"),
     "--kd-beta-ce": ({"type": float}, "knowledge distillation (Microsoft)"),

@@ -2,7 +2,6 @@
 groups, tokenizer (and a --load checkpoint's fit), seeds — in that order, so bad flags fail before
 any of the expensive steps; then the run configuration is frozen (the TensorBoard writer belongs
 to the Trainer's metrics, megatron/metrics/processor.py)."""
-import copy
 import dataclasses
 import os
 import random
@@ -14,20 +13,19 @@ import torch
 from megatron import mpu
 from megatron.arguments import ConfigError, parse_args, validate_args
 from megatron.global_vars import set_args, set_tokenizer
-from megatron.run_config import FrozenArgs, ResumePlan, RunConfig, freeze_args
+from megatron.run_config import FrozenArgs, ParallelLayout, Precision, ResumePlan, RunArgs, RunConfig, freeze_args
 
 
 def initialize_megatron(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> FrozenArgs:
     """Returns args, read-only from here on; the run's configuration as immutable values is
     args.run_config (megatron/run_config.py)."""
-    args = parse_args(extra_args_provider, args_list)
-    validate_args(args)
-    _initialize_distributed(args)
+    args = validate_args(parse_args(extra_args_provider, args_list))
+    layout = _initialize_distributed(args)
     _startup_lines(args)
     set_args(args)
-    resume = _build_tokenizer(args, check_load=True)
+    resume = _build_tokenizer(args, layout)
     _set_random_seed(args.seed)
-    return freeze_args(args, RunConfig.from_args(args, resume))
+    return freeze_args(args, RunConfig.from_args(args, layout, resume))
 
 
 def disable_deepspeed_shm_comm() -> None:
@@ -38,7 +36,9 @@ def disable_deepspeed_shm_comm() -> None:
     disable_shm_comm_op()
 
 
-def _initialize_distributed(args):
+def _initialize_distributed(args: RunArgs) -> ParallelLayout:
+    """torch.distributed, then the parallel layout (the owner of the sizes from here on) and the
+    process groups built from it."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -59,7 +59,9 @@ def _initialize_distributed(args):
     check_deepspeed_version()  # one line on rank 0 outside the tested releases
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
-    mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    layout = ParallelLayout.from_args(args)
+    mpu.initialize_model_parallel(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size)
+    assert mpu.get_data_parallel_world_size() == layout.data_parallel_size, "DeepSpeed's topology disagrees"
     if backend == "gloo" and args.shm_tp_all_reduce:
         from megatron import print_rank_0
         from megatron.mpu.shm_comm import enable_for_tensor_model_parallel
@@ -67,6 +69,7 @@ def _initialize_distributed(args):
     if args.deepspeed_activation_checkpointing:
         from megatron.mpu.random import configure_deepspeed_checkpointing
         configure_deepspeed_checkpointing(args, mpu)
+    return layout
 
 
 def _startup_lines(args):
@@ -81,9 +84,9 @@ def _startup_lines(args):
             print_rank_0(line)
 
 
-def _build_tokenizer(args, check_load: bool = False) -> ResumePlan:
+def _build_tokenizer(args, layout: ParallelLayout | None = None) -> ResumePlan:
     """The tokenizer, then the model's shape completed once: the tokenizer's vocab and (with
-    check_load and --load) the vocab divisor that keeps a checkpoint's padded vocab. A checkpoint
+    a layout and --load) the vocab divisor that keeps a checkpoint's padded vocab. A checkpoint
     that does not fit fails here, before the model is built; returns what --load will read."""
     from megatron.tokenizer import build_tokenizer
     try:
@@ -97,11 +100,13 @@ def _build_tokenizer(args, check_load: bool = False) -> ResumePlan:
         raise ConfigError(f"the tokenizer's end-of-document id {tokenizer.eod} is outside the padded vocab "
                           f"{shape.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
     resume = ResumePlan()
-    if check_load and args.load:
-        from megatron.checkpointing import check_load_layout
-        ours = copy.copy(args)  # the checkpoint is checked against this run's completed shape
-        ours.model_shape = shape
-        resume = check_load_layout(ours) or resume
+    if layout is not None and args.load:
+        from megatron.checkpoint.config import CheckpointConfig
+        from megatron.checkpoint.manager import CheckpointManager
+        # the checkpoint is checked against this run's completed shape
+        manager = CheckpointManager(CheckpointConfig.from_args(args), shape, layout, Precision.from_args(args),
+                                    args.zero_stage, args.seq_length)
+        resume = manager.plan_resume()
         if resume.make_vocab_size_divisible_by is not None:
             shape = dataclasses.replace(shape, make_vocab_size_divisible_by=resume.make_vocab_size_divisible_by)
     args.model_shape = shape

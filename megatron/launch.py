@@ -58,7 +58,7 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
     argv = [str(f) for f in flags]
     cmd = [sys.executable, "-u", script, *argv]
     with tempfile.NamedTemporaryFile("w+") as out:  # every rank appends to it, as to the launcher's stdout
-        ranks = []
+        ranks: list[subprocess.Popen | _ForkedRank] = []
         try:
             for rank in range(num_ranks):
                 rank_env, rank_argv = dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), [f"--local_rank={rank}", *argv]
@@ -79,7 +79,7 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
 PRELOAD = ["deepspeed", "torch._dynamo", "megatron.training", "pretrain_gpt"]
 
 
-def preloaded_context() -> multiprocessing.context.BaseContext:
+def preloaded_context() -> multiprocessing.context.ForkServerContext:
     """multiprocessing's fork server, which imports PRELOAD once when it starts; every process of
     this context is forked from it. It runs no torch op, so there is no thread pool to fork."""
     if os.environ.get("DS_ACCELERATOR") != "cpu":

@@ -52,11 +52,21 @@ def run_length(args: Namespace) -> tuple[int, int]:
             rest = iteration_cap - iterations
             if sample_cap < math.inf:
                 rest = min(rest, -(-(sample_cap - consumed) // gbs))
-            return iterations + rest, consumed + rest * gbs
+            # validate_args requires --train-iters or --train-samples: one cap is finite, rest an int
+            return iterations + rest, consumed + rest * gbs  # type: ignore[return-value]
         consumed += gbs
         iterations += 1
         calculator.update(consumed)
     return iterations, consumed
+
+
+def train_samples(args: Namespace) -> int:
+    """Samples the training split is sized for: all that the run's iterations read. That is more than
+    --train-samples when the last iteration's global batch passes it (a ramp-up's batch sizes, or a
+    --train-samples that is not a multiple of the batch): a split of exactly --train-samples would
+    run dry in the last iteration (StopIteration in DeepSpeed's loader). Every dataset kind (mock,
+    indexed, blends, weighted split paths) is asked for this many, as the forks' whole epochs give."""
+    return run_length(args)[1]
 
 
 def num_train_iterations(args: Namespace) -> int:

@@ -5,7 +5,6 @@ clips PP>1 runs harder than the same PP=1 run. For fp32 we clip in an optimizer 
 instead, over the parameters each rank owns (the same ownership rule as the parameter count);
 DeepSpeed's fp16 / bf16 / ZeRO optimizers already skip pipeline-replicated parameters and clip
 themselves."""
-from argparse import Namespace
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,31 +13,33 @@ import torch.distributed as dist
 
 from megatron import mpu
 from megatron.deepspeed_internals import set_global_grad_norm, split_moe_param_groups
+from megatron.run_config import OptimizerSettings, Precision
 from megatron.utils import is_owned_parameter, moe_parameter_owner
 
 
-def build_optimizer(model: torch.nn.Module, args: Namespace) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, precision: Precision) -> torch.optim.Optimizer:
     """Biases and LayerNorm gains (the 1-D parameters) get no weight decay."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [{"name": "decay", "params": decay, "weight_decay": args.weight_decay},
+    groups = [{"name": "decay", "params": decay, "weight_decay": settings.weight_decay},
               {"name": "no_decay", "params": no_decay, "weight_decay": 0.0}]
-    if getattr(args, "create_moe_param_group", False):
+    if settings.create_moe_param_group:
         # the experts in groups of their own, marked `moe` (DeepSpeed's ZeRO / bf16 optimizers need it)
         groups = split_moe_param_groups(groups)
-    if args.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.sgd_momentum)
+    if settings.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=settings.lr, momentum=settings.sgd_momentum)
     else:
-        optimizer = _adam(groups, args)
-    if uses_own_clipping(args):
+        optimizer = _adam(groups, settings)
+    if uses_own_clipping(settings, precision):
         moe_owner = moe_parameter_owner(model, mpu)  # MoE: each expert once, summed over every rank
-        install_gradient_clipping(optimizer, args.clip_grad, mpu.get_tensor_model_parallel_rank(),
+        install_gradient_clipping(optimizer, settings.clip_grad, mpu.get_tensor_model_parallel_rank(),
                                   mpu.get_model_parallel_group() if moe_owner is None else None, owned=moe_owner)
     return optimizer
 
 
-def _adam(groups: list[dict[str, Any]], args: Namespace) -> torch.optim.Optimizer:
-    kwargs = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
+def _adam(groups: list[dict[str, Any]], settings: OptimizerSettings) -> torch.optim.Optimizer:
+    kwargs: dict[str, Any] = dict(lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
+                                  eps=settings.adam_eps)
     if torch.cuda.is_available():
         try:
             from apex.optimizers import FusedAdam  # optional
@@ -48,9 +49,9 @@ def _adam(groups: list[dict[str, Any]], args: Namespace) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def uses_own_clipping(args: Namespace) -> bool:
+def uses_own_clipping(settings: OptimizerSettings, precision: Precision) -> bool:
     """fp32 without ZeRO: the only case where DeepSpeed clips with an over-counted norm."""
-    return not (args.fp16 or args.bf16) and args.zero_stage == 0
+    return precision.name == "fp32" and settings.zero_stage == 0
 
 
 def global_grad_norm(params: Iterable[torch.Tensor], tp_rank: int, model_parallel_group: dist.ProcessGroup | None,

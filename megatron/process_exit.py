@@ -17,13 +17,15 @@ import sys
 from typing import NoReturn
 
 
-def exit_after_success() -> NoReturn:
+def exit_after_success(code: int = 0) -> NoReturn:
     """Run the registered exit handlers (logging's flush and any clean-up a library registered),
-    flush stdout / stderr, and end the process with status 0. Checkpoints need nothing here:
-    DeepSpeed's save has written and closed every file before save_checkpoint's final barrier, and
-    the TensorBoard writer was closed by the Trainer that owns it (Trainer.finish)."""
+    flush stdout / stderr, and end the process with status `code` (0; a run stopped on purpose after
+    training, e.g. on a NaN, passes its own code so that teardown cannot turn it into 250).
+    Checkpoints need nothing here: DeepSpeed's save has written and closed every file before the
+    save's final barrier, and the TensorBoard writer was closed by the Trainer that owns it
+    (Trainer.finish)."""
     logging.shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(code)

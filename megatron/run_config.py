@@ -12,9 +12,12 @@ import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from megatron.checkpoint.config import CheckpointConfig
+from megatron.learning_rates import schedule_lengths
 from megatron.metrics.config import LoggingConfig
+from megatron.microbatches import train_samples
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -23,6 +26,18 @@ if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags 
 
 @dataclass(frozen=True)
 class ParallelLayout:
+    """The TP x PP x DP (x EP) layout and this process's rank. After initialization it is the one
+    owner of the parallel sizes (torchtitan's ParallelDims): initialize_megatron builds it once per
+    process, right after torch.distributed starts, and keeps it as `args.run_config.parallel`. The
+    other holders exist for readers that cannot reach it, and each is made from it or checked
+    against it:
+    - the mpu process groups (megatron/mpu/parallel_state.py) are built from its sizes, and their
+      data-parallel size is checked against it;
+    - once args is frozen (FrozenArgs), args.tensor_model_parallel_size, ...data_parallel_size,
+      .world_size and .rank read it, so get_args() readers and launch-script flags keep working;
+    - ModelShape keeps the TP and PP sizes because the parameter table, the counts, FLOPs and
+      tools/param_count.py need them without processes (torch-free); RunConfig refuses a shape
+      whose sizes differ from the layout's."""
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
     data_parallel_size: int
@@ -30,6 +45,12 @@ class ParallelLayout:
     world_size: int
     rank: int
     ds_pipeline_enabled: bool  # DeepSpeed's PipelineModule (False: --no-pipeline-parallel)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ParallelLayout":
+        """From validated flags (args.rank: set once torch.distributed started)."""
+        return cls(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size,
+                   args.model_shape.moe_expert_parallel_size, args.world_size, args.rank, args.ds_pipeline_enabled)
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,10 @@ class Precision:
     def name(self) -> str:
         return "fp16" if self.fp16 else ("bf16" if self.bf16 else "fp32")
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Precision":
+        return cls(args.fp16, args.bf16, args.params_dtype)
+
 
 @dataclass(frozen=True)
 class BatchSchedule:
@@ -52,6 +77,12 @@ class BatchSchedule:
     train_iters: int | None
     train_samples: int | None
     train_tokens: int | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "BatchSchedule":
+        return cls(args.micro_batch_size, args.global_batch_size,
+                   tuple(args.rampup_batch_size) if args.rampup_batch_size else None,
+                   args.seq_length, args.train_iters, args.train_samples, args.train_tokens)
 
 
 @dataclass(frozen=True)
@@ -67,11 +98,87 @@ class OptimizerSettings:
     adam_eps: float
     sgd_momentum: float
     zero_stage: int
+    create_moe_param_group: bool  # the experts in parameter groups of their own (DeepSpeed's ZeRO needs it)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "OptimizerSettings":
+        return cls(args.optimizer, args.lr, args.min_lr, args.lr_decay_style, args.weight_decay, args.clip_grad,
+                   args.adam_beta1, args.adam_beta2, args.adam_eps, args.sgd_momentum, args.zero_stage,
+                   bool(getattr(args, "create_moe_param_group", False)))
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning-rate schedule (megatron/learning_rates.py: AnnealingLR) in samples, or in
+    tokens where --lr-warmup-tokens / --lr-decay-tokens give them."""
+    max_lr: float
+    min_lr: float
+    decay_style: str
+    warmup_samples: int
+    decay_samples: int
+    warmup_tokens: int | None
+    decay_tokens: int | None
+    tokens_per_sample: int
+    use_checkpoint_scheduler: bool  # --use-checkpoint-opt_param-scheduler
+    override_scheduler: bool        # --override-opt_param-scheduler
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "LRSchedule":
+        (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+        return cls(args.lr, args.min_lr, args.lr_decay_style, warmup, decay, warmup_tokens, decay_tokens,
+                   args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler)
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """When the Trainer evaluates (every --eval-interval iterations, and at the end) and on how many
+    batches (--eval-iters; 0: never)."""
+    eval_interval: int | None
+    eval_iters: int
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EvaluationSettings":
+        return cls(args.eval_interval, args.eval_iters)
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What the data iterators (megatron/training_data.py) and the skipped iterations read; the
+    dataset provider keeps its own flags (--data-path, --split, ...)."""
+    micro_batch_size: int
+    global_batch_size: int
+    train_samples: int  # what the training split is sized for (megatron/microbatches.py: train_samples)
+    num_workers: int
+    valid_num_workers: int | None
+    skip_train_iteration_range: tuple[tuple[int, int], ...] | None  # inclusive iteration ranges
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DataSettings":
+        skipped = args.skip_train_iteration_range
+        return cls(args.micro_batch_size, args.global_batch_size, train_samples(args), args.num_workers,
+                   args.valid_num_workers,
+                   tuple(tuple(r) for r in skipped) if skipped else None)
+
+
+@dataclass(frozen=True)
+class ExitSettings:
+    """What stops a run before its schedule ends (the schedule's own end: BatchSchedule)."""
+    exit_interval: int | None
+    exit_duration_in_mins: float | None
+    kill_switch_path: str | None
+    exit_signal_handler: bool = False  # save and exit on exit_signal (or a launcher that went away)
+    exit_signal: str = "SIGTERM"
+    check_for_nan_in_loss_and_grad: bool = True  # stop on a non-finite loss or gradient norm
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ExitSettings":
+        return cls(args.exit_interval, args.exit_duration_in_mins, getattr(args, "kill_switch_path", None),
+                   args.exit_signal_handler, args.exit_signal, args.check_for_nan_in_loss_and_grad)
 
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """What --load found before the model was built (megatron/resume_reshard.py)."""
+    """What --load found before the model was built (megatron/checkpoint/resume.py)."""
     universal_tag: str | None = None                 # --universal-checkpoint: the converted folder's tag
     reshard_source: tuple[str, int] | None = None    # (load dir, iteration) saved at another layout
     make_vocab_size_divisible_by: int | None = None  # the divisor that keeps the saved padded vocab
@@ -84,28 +191,40 @@ class RunConfig:
     precision: Precision
     batch: BatchSchedule
     optimizer: OptimizerSettings
+    lr_schedule: LRSchedule
+    data: DataSettings
+    evaluation: EvaluationSettings
+    exit: ExitSettings
     deepspeed_config: Mapping[str, Any]  # read-only; deepspeed_config_dict() gives a copy to hand DeepSpeed
     resume: ResumePlan
     logging: LoggingConfig  # the metrics component's section (megatron/metrics/config.py)
+    checkpoint: CheckpointConfig  # --save / --load and what they read and write (megatron/checkpoint/config.py)
+
+    def __post_init__(self) -> None:
+        shape, layout = self.model_shape, self.parallel
+        if (shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size) != \
+                (layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size):
+            raise RuntimeError(f"the model shape's TP x PP {shape.tensor_model_parallel_size} x "
+                               f"{shape.pipeline_model_parallel_size} differs from the parallel layout's "
+                               f"{layout.tensor_model_parallel_size} x {layout.pipeline_model_parallel_size}")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, resume: ResumePlan) -> "RunConfig":
-        shape = args.model_shape
+    def from_args(cls, args: argparse.Namespace, parallel: ParallelLayout, resume: ResumePlan) -> "RunConfig":
+        """`parallel`: the layout the process groups were built from (initialize_megatron)."""
         return cls(
-            model_shape=shape,
-            parallel=ParallelLayout(args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-                                    args.data_parallel_size, shape.moe_expert_parallel_size, args.world_size,
-                                    args.rank, args.ds_pipeline_enabled),
-            precision=Precision(args.fp16, args.bf16, args.params_dtype),
-            batch=BatchSchedule(args.micro_batch_size, args.global_batch_size,
-                                tuple(args.rampup_batch_size) if args.rampup_batch_size else None,
-                                args.seq_length, args.train_iters, args.train_samples, args.train_tokens),
-            optimizer=OptimizerSettings(args.optimizer, args.lr, args.min_lr, args.lr_decay_style, args.weight_decay,
-                                        args.clip_grad, args.adam_beta1, args.adam_beta2, args.adam_eps,
-                                        args.sgd_momentum, args.zero_stage),
+            model_shape=args.model_shape,
+            parallel=parallel,
+            precision=Precision.from_args(args),
+            batch=BatchSchedule.from_args(args),
+            optimizer=OptimizerSettings.from_args(args),
+            lr_schedule=LRSchedule.from_args(args),
+            data=DataSettings.from_args(args),
+            evaluation=EvaluationSettings.from_args(args),
+            exit=ExitSettings.from_args(args),
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
             logging=LoggingConfig.from_args(args),
+            checkpoint=CheckpointConfig.from_args(args),
         )
 
     def deepspeed_config_dict(self) -> dict[str, Any]:
@@ -149,9 +268,21 @@ class FrozenArgsError(AttributeError):
     """A write onto args after initialize_megatron."""
 
 
+def _layout_value(name: str) -> property:
+    return property(lambda self: getattr(self.run_config.parallel, name))
+
+
 class FrozenArgs(RunArgs):
     """`args` after initialize_megatron: a late write raises, except the parameter-count cache
     (megatron/utils.py: COUNT_CACHE, once); the Trainer keeps the run's state on itself."""
+
+    # the parallel sizes read the layout, their one owner after initialization (ParallelLayout)
+    tensor_model_parallel_size = _layout_value("tensor_model_parallel_size")
+    pipeline_model_parallel_size = _layout_value("pipeline_model_parallel_size")
+    data_parallel_size = _layout_value("data_parallel_size")
+    world_size = _layout_value("world_size")
+    rank = _layout_value("rank")
+    ds_pipeline_enabled = _layout_value("ds_pipeline_enabled")
 
     def __setattr__(self, name: str, value: Any) -> None:
         from megatron.utils import COUNT_CACHE
@@ -171,11 +302,11 @@ class FrozenArgs(RunArgs):
 def as_run_args(args: argparse.Namespace) -> RunArgs:
     """Validation's result: the same object, its shape-derived names now reading args.model_shape."""
     args.__class__ = RunArgs
-    return args
+    return cast(RunArgs, args)
 
 
 def freeze_args(args: RunArgs, run_config: RunConfig) -> FrozenArgs:
     """The last step of initialize_megatron: args.run_config is set, then args turns read-only."""
     args.run_config = run_config
     args.__class__ = FrozenArgs
-    return args
+    return cast(FrozenArgs, args)

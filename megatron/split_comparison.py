@@ -10,7 +10,8 @@ micro-batches in flight, so a balanced split that moves layers onto it can need 
 import dataclasses
 
 from megatron.metrics.memory import TrainingSetup, format_bytes, most_loaded, predict_memory
-from megatron.model.partition import DEFAULT_METHOD, FLOPS_METHOD, describe_stage, stage_items, stage_parts
+from megatron.model.analytic import stage_items, stage_parts
+from megatron.model.partition import DEFAULT_METHOD, FLOPS_METHOD, describe_stage
 from megatron.model.shape import ModelShape
 
 

@@ -9,26 +9,39 @@ import os
 import time
 from argparse import Namespace
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import deepspeed
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.checkpointing import load_checkpoint, save_checkpoint, set_rng_state
+from megatron.checkpoint.config import CheckpointConfig
+from megatron.checkpoint.manager import CheckpointManager, set_rng_state
 from megatron.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
 from megatron.engine import engine_steps, pop_moe_loss
+from megatron.exit_signal import ExitSignalHandler
 from megatron.global_vars import get_timers
-from megatron.learning_rates import AnnealingLR, schedule_lengths
+from megatron.learning_rates import AnnealingLR
+from megatron.metrics.config import LoggingConfig
 from megatron.metrics.processor import MetricsProcessor
 from megatron.metrics.training_log import IntervalStats
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.optimizer import build_optimizer, uses_own_clipping
+from megatron.run_config import (
+    BatchSchedule,
+    DataSettings,
+    EvaluationSettings,
+    ExitSettings,
+    LRSchedule,
+    OptimizerSettings,
+    ParallelLayout,
+    Precision,
+)
 from megatron.skip_iterations import skip_iteration, skipped_range
 from megatron.split_comparison import split_comparison_lines
-from megatron.training_data import build_data_iterators
+from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_state import TrainingProgress
 from megatron.utils import (
     cache_parameter_counts,
@@ -70,6 +83,19 @@ class TrainerHooks:
         """Each evaluation's mean loss, before its line; `name`: the data group, if any."""
 
 
+class NonFiniteLoss(Exception):
+    """The run stopped on a non-finite loss or gradient norm (--check-for-nan-in-loss-and-grad):
+    nothing was saved at that iteration. Raised by Trainer.run on every rank after the one line."""
+
+
+class StopFlags(NamedTuple):
+    """What the ranks agreed on after an iteration (stop_flags): each True when any rank saw it."""
+    late: bool = False        # past --exit-duration-in-mins
+    killed: bool = False      # the --kill-switch-path file exists
+    signalled: bool = False   # --exit-signal-handler: the signal, or a launcher that went away
+    non_finite: bool = False  # --check-for-nan-in-loss-and-grad: a non-finite loss or gradient norm
+
+
 class Trainer:
     """One run: owns the engine, the LR scheduler, the batch-size calculator, the progress, the
     parameter counts, the metrics (a MetricsProcessor: log line, TensorBoard writer, MFU, memory
@@ -80,14 +106,31 @@ class Trainer:
     def __init__(self, args: Namespace, model_provider: Callable, forward_step_func: Callable,
                  hooks: TrainerHooks | None = None, start_time: float | None = None) -> None:
         self.args = args
+        # its sections of the run configuration (megatron/run_config.py); a Trainer built from flags
+        # that initialize_megatron has not frozen (tests, benchmarks) builds them the same way
+        config = getattr(args, "run_config", None)
+        self.lr_schedule = config.lr_schedule if config else LRSchedule.from_args(args)
+        self.batch = config.batch if config else BatchSchedule.from_args(args)
+        self.data = config.data if config else DataSettings.from_args(args)
+        self.evaluation = config.evaluation if config else EvaluationSettings.from_args(args)
+        self.exit = config.exit if config else ExitSettings.from_args(args)
+        self.optimizer_settings = config.optimizer if config else OptimizerSettings.from_args(args)
+        self.precision = config.precision if config else Precision.from_args(args)
         self.hooks = hooks or TrainerHooks()
         self.start_time = time.time() if start_time is None else start_time
         self.progress = TrainingProgress()
         self.total_iterations = num_train_iterations(args)  # the log line's denominator
         self.train_iter: Iterator | None = None
-        self.valid_iters = self.test_iters = None  # [(group name, iterator)] or None
+        self.valid_iters: NamedIterators = None  # [(group name, iterator)] or None
+        self.test_iters: NamedIterators = None
+        self.exit_signal: ExitSignalHandler | None = None  # --exit-signal-handler, while train() runs
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
-        self.metrics = MetricsProcessor(args.run_config.logging, cache=args)
+        self.metrics = MetricsProcessor(config.logging if config else LoggingConfig.from_args(args), cache=args)
+        self.checkpointer = (CheckpointManager.from_run_config(config) if config else
+                             CheckpointManager(CheckpointConfig.from_args(args), args.model_shape,
+                                               ParallelLayout.from_args(args), self.precision,
+                                               self.optimizer_settings.zero_stage, self.batch.seq_length))
+        self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, args)
 
@@ -113,17 +156,18 @@ class Trainer:
             print_rank_0(line)
         self.metrics.log_model_size(report)
 
-        optimizer = build_optimizer(model, args)
+        optimizer = build_optimizer(model, self.optimizer_settings, self.precision)
+        own_clipping = uses_own_clipping(self.optimizer_settings, self.precision)
         self.metrics.watch_optimizer(optimizer, model)  # --log-num-zeros-in-grad: after the clipping hook
         self.calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                                     args.data_parallel_size, args.rampup_batch_size)
-        self.lr_scheduler = _build_lr_scheduler(optimizer, args)
+        self.lr_scheduler = _build_lr_scheduler(optimizer, self.lr_schedule)
         config = dict(args.deepspeed_config_dict)
-        if uses_own_clipping(args):
+        if own_clipping:
             config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                mpu=None if args.ds_pipeline_enabled else mpu)
-        if args.data_parallel_size == 1 and uses_own_clipping(args) and not args.model_shape.is_moe:
+        if args.data_parallel_size == 1 and own_clipping and not args.model_shape.is_moe:
             # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
             # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
             skip_gradient_allreduce(engine)  # DeepSpeedEngine.backward, PipelineEngine's ReduceGrads
@@ -138,9 +182,9 @@ class Trainer:
         self.lr_scheduler.step(0)
         self.hooks.on_build(self)
 
-    def load(self) -> object:
+    def load(self) -> dict | None:
         """--load: the engine, scheduler and progress as saved; returns the saved RNG state."""
-        rng_state = load_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        rng_state = self.checkpointer.load(self.engine, self.lr_scheduler, self.progress)
         self.hooks.on_load(self)
         return rng_state
 
@@ -150,11 +194,22 @@ class Trainer:
             self.hooks.on_batch(self, data)
             return batch_fn(data)
         self.train_iter, self.valid_iters, self.test_iters = build_data_iterators(
-            dataset_provider, self.args, self.progress, watched, self.total_iterations)
+            dataset_provider, self.args, self.data, self.evaluation, self.progress, watched, self.total_iterations)
 
     def run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         """Load, build the data, train, then the end-of-run evaluation and save (or the exit save).
-        Returns why training stopped (see `train`)."""
+        Returns why training stopped (see `train`). --exit-signal-handler's handler is in place
+        from here to the end of the exit save: a signal during startup stops the run after its
+        first iteration, and a second one (DeepSpeed's launcher repeats SIGTERM) cannot cut the save."""
+        if self.exit.exit_signal_handler:
+            self.exit_signal = ExitSignalHandler(self.exit.exit_signal).install()
+        try:
+            return self._run(dataset_provider, batch_fn)
+        finally:
+            if self.exit_signal is not None:
+                self.exit_signal.release()
+
+    def _run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         args, progress = self.args, self.progress
         rng_state = self.load() if args.load else None
         self.calculator.update(progress.consumed_train_samples)
@@ -167,6 +222,8 @@ class Trainer:
         if args.train_iters is None or progress.iteration < args.train_iters:
             stop = self.train()
         self.finish(stop)
+        if stop == "non-finite":
+            raise NonFiniteLoss(f"iteration {progress.iteration}: non-finite lm loss or gradient norm")
         return stop
 
     # --- train ---------------------------------------------------------------------------------
@@ -202,13 +259,14 @@ class Trainer:
             self.engine.set_train_batch_size(self.calculator.get_current_global_batch_size())
 
     def train(self) -> str:
-        """Trains until the schedule ends ("finished") or an exit flag fires ("exit-interval",
-        "exit-duration", "kill-switch": the file appeared); returns which."""
+        """Trains until the schedule ends ("finished"), an exit flag fires ("exit-interval",
+        "exit-duration", "kill-switch": the file appeared, "exit-signal": --exit-signal-handler) or
+        the loss or gradient norm is not finite ("non-finite"); returns which."""
         timers = get_timers()
         self.engine.train()
         stats = IntervalStats()
         start_time = time.time()
-        announced = set()
+        announced: set = set()
         while True:
             if self._schedule_done():
                 return "finished"
@@ -218,6 +276,11 @@ class Trainer:
             timers("interval-time").start()
             loss, gbs = self.train_step()
             timers("interval-time").stop()
+            # the iteration's one small collective, before anything is logged or saved from it
+            flags = self.agree_on_stop(start_time, loss)
+            if flags.non_finite:
+                self._report_non_finite(loss)
+                return "non-finite"
             stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss())
             self.measure_memory()  # once, after the first iteration: measured vs predicted memory
             if self.metrics.should_log(self.progress.iteration):
@@ -227,20 +290,20 @@ class Trainer:
                 self.validate(f"iteration {self.progress.iteration}")
             if self._should_save():
                 self.save()
-            stop = self._should_exit(start_time)
+            stop = self._should_exit(flags)
             if stop:
                 return stop
 
     def _schedule_done(self) -> bool:
-        args, progress = self.args, self.progress
-        return ((args.train_iters is not None and progress.iteration >= args.train_iters)
-                or (args.train_samples is not None and progress.consumed_train_samples >= args.train_samples)
-                or (args.train_tokens is not None and progress.consumed_train_tokens >= args.train_tokens))
+        batch, progress = self.batch, self.progress
+        return ((batch.train_iters is not None and progress.iteration >= batch.train_iters)
+                or (batch.train_samples is not None and progress.consumed_train_samples >= batch.train_samples)
+                or (batch.train_tokens is not None and progress.consumed_train_tokens >= batch.train_tokens))
 
     def _skip_iteration(self, announced: set) -> bool:
         """--skip-train-iteration-range: read and drop this iteration's batches
         (megatron/skip_iterations.py); True when this iteration was skipped."""
-        skipped = skipped_range(self.args.skip_train_iteration_range, self.progress.iteration + 1)
+        skipped = skipped_range(self.data.skip_train_iteration_range, self.progress.iteration + 1)
         if not skipped:
             return False
         if skipped not in announced:
@@ -253,23 +316,49 @@ class Trainer:
         return True
 
     def _should_evaluate(self) -> bool:
-        args = self.args
-        return (self.valid_iters is not None and bool(args.eval_interval)
-                and self.progress.iteration % args.eval_interval == 0 and args.eval_iters > 0)
+        evaluation = self.evaluation
+        return (self.valid_iters is not None and bool(evaluation.eval_interval)
+                and self.progress.iteration % evaluation.eval_interval == 0 and evaluation.eval_iters > 0)
 
     def _should_save(self) -> bool:
-        args = self.args
-        return bool(args.save and args.save_interval) and self.progress.iteration % args.save_interval == 0
+        return self.checkpointer.should_save(self.progress.iteration)
 
-    def _should_exit(self, start_time: float) -> str | None:
-        args = self.args
-        if args.exit_interval and self.progress.iteration % args.exit_interval == 0:
+    def agree_on_stop(self, start_time: float, loss: torch.Tensor) -> StopFlags:
+        """The exit flags and the NaN check of this iteration, agreed by every rank (stop_flags).
+        A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is not checked."""
+        non_finite = None
+        if self.exit.check_for_nan_in_loss_and_grad:
+            non_finite = torch.zeros((), dtype=torch.bool, device=loss.device)
+            if self.engine.was_step_applied():
+                non_finite = ~torch.isfinite(loss.detach())
+                grad_norm = self.engine.get_global_grad_norm()  # cached by the step (None: not computed)
+                if grad_norm is not None:
+                    non_finite = non_finite | ~torch.isfinite(torch.as_tensor(grad_norm, device=loss.device))
+        received = None if self.exit_signal is None else self.exit_signal.received is not None
+        return stop_flags(start_time, self.exit, received, non_finite)
+
+    def _report_non_finite(self, loss: torch.Tensor) -> None:
+        """The one line of a NaN / Inf stop (rank 0), naming the iteration and the way on."""
+        it = self.progress.iteration
+        print_rank_0(f"stopping at iteration {it}: the lm loss ({float(loss):.6E}) or the gradient norm "
+                     f"({self.engine.get_global_grad_norm()}) is not finite; nothing saved at this iteration. "
+                     f"Resume with a lower --lr or skip its data with --skip-train-iteration-range {it}-{it} "
+                     "(--no-check-for-nan-in-loss-and-grad trains on)")
+
+    def _should_exit(self, flags: StopFlags) -> str | None:
+        settings = self.exit
+        if settings.exit_interval and self.progress.iteration % settings.exit_interval == 0:
             return "exit-interval"
-        late, killed = exit_signals(start_time, args)
-        if killed:
-            print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
+        if flags.killed:
+            print_rank_0(f"Detected kill switch at {settings.kill_switch_path}. Exiting")
             return "kill-switch"
-        return "exit-duration" if late else None
+        if flags.signalled:
+            # rank 0's own reason when it has one (every rank that got the signal has)
+            why = self.exit_signal.received if self.exit_signal is not None else None
+            why = why or f"another rank received {settings.exit_signal} or lost its launcher"
+            print_rank_0(f"--exit-signal-handler: {why}; saving and exiting after iteration {self.progress.iteration}")
+            return "exit-signal"
+        return "exit-duration" if flags.late else None
 
     # --- metrics -------------------------------------------------------------------------------
 
@@ -294,7 +383,7 @@ class Trainer:
 
     def evaluate(self, data_iterator: Iterator) -> tuple[float, int]:
         """Mean loss over --eval-iters batches of the current global batch size, and the samples read."""
-        eval_iters = self.args.eval_iters
+        eval_iters = self.evaluation.eval_iters
         self.engine.eval()
         total = 0.0
         for _ in range(eval_iters):
@@ -317,7 +406,7 @@ class Trainer:
     # --- checkpoint and end --------------------------------------------------------------------
 
     def save(self) -> None:
-        save_checkpoint(self.engine, self.lr_scheduler, self.progress, self.args)
+        self.checkpointer.save(self.engine, self.lr_scheduler, self.progress)
 
     def finish(self, stop: str) -> None:
         """After training: the final validation, save and test evaluation of a finished run, or the
@@ -325,43 +414,60 @@ class Trainer:
         args, progress = self.args, self.progress
         unsaved = args.save and progress.last_saved_iteration != progress.iteration
         if stop == "finished":
-            if self.valid_iters is not None and args.eval_iters > 0:
+            if self.valid_iters is not None and self.evaluation.eval_iters > 0:
                 self.validate("the end of training for val data")
             if unsaved and progress.iteration > 0:
                 self.save()
-            for name, test_iter in self.test_iters if self.test_iters is not None and args.eval_iters > 0 else []:
+            testing = self.test_iters is not None and self.evaluation.eval_iters > 0
+            for name, test_iter in self.test_iters if testing else []:
                 loss, _ = self.evaluate(test_iter)
                 self._log_evaluation("the end of training for test data", loss, name, tensorboard=False)
-        else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path: save and leave
+        elif stop == "non-finite":  # no save: the weights may already be non-finite
+            pass
+        else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path / a signal: save and leave
             if unsaved:
                 self.save()
             torch.distributed.barrier()
             print_rank_0(f"exiting program at iteration {progress.iteration}")
+        self.checkpointer.release_save_dir()
         self.metrics.close()
 
 
-def _build_lr_scheduler(optimizer: torch.optim.Optimizer, args: Namespace) -> AnnealingLR:
+def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> AnnealingLR:
     """Schedule lengths in samples (iteration-based flags converted with the global batch), or in
     tokens where --lr-warmup-tokens / --lr-decay-tokens give them."""
-    (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
-    return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style,
-                       tokens_per_sample=args.seq_length, warmup_tokens=warmup_tokens, decay_tokens=decay_tokens,
-                       use_checkpoint_scheduler=args.use_checkpoint_opt_param_scheduler,
-                       override_scheduler=args.override_opt_param_scheduler)
+    return AnnealingLR(optimizer, schedule.max_lr, schedule.min_lr, schedule.warmup_samples, schedule.decay_samples,
+                       schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
+                       warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens,
+                       use_checkpoint_scheduler=schedule.use_checkpoint_scheduler,
+                       override_scheduler=schedule.override_scheduler)
 
 
-def exit_signals(start_time: float, args: Namespace) -> tuple[bool, bool]:
-    """(out of time, kill switch), decided together: one MAX all-reduce of both flags, so one rank
-    past --exit-duration-in-mins, or one rank that sees the --kill-switch-path file, stops every rank
-    after the same iteration (a rank alone in the exit save's barrier would hang the job). No
-    collective when neither flag is given; with either, this is the iteration's one extra collective
-    (two floats; a file stat per rank)."""
-    kill_switch = getattr(args, "kill_switch_path", None)
-    if not args.exit_duration_in_mins and not kill_switch:
-        return False, False
-    late = bool(args.exit_duration_in_mins) and time.time() - start_time > 60 * args.exit_duration_in_mins
-    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch))])
+def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]:
+    """(out of time, kill switch) as stop_flags decides them (used at startup, before training)."""
+    flags = stop_flags(start_time, settings)
+    return flags.late, flags.killed
+
+
+def stop_flags(start_time: float, settings: ExitSettings, received: bool | None = None,
+               non_finite: torch.Tensor | None = None) -> StopFlags:
+    """Every rank's exit flags and NaN check, decided together: one MAX all-reduce of four floats,
+    so one rank past --exit-duration-in-mins, one rank that sees the --kill-switch-path file, one
+    rank that received the --exit-signal-handler signal (`received`) or one rank with a non-finite
+    loss or gradient norm (`non_finite`, a 0-dim bool tensor: no host sync before the collective)
+    stops every rank after the same iteration (a rank alone in the exit save's barrier would hang
+    the job; under PP only the last stage computes the loss). The collective runs when any of these
+    is configured (the NaN check is on by default), else nothing: a file stat per rank with a kill
+    switch, one host sync per iteration for reading the result."""
+    kill_switch, minutes = settings.kill_switch_path, settings.exit_duration_in_mins
+    if not minutes and not kill_switch and received is None and non_finite is None:
+        return StopFlags()
+    late = bool(minutes) and time.time() - start_time > 60 * minutes
+    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch)),
+                          float(bool(received)), 0.0])
     if torch.cuda.is_available():
         flags = flags.cuda()
+    if non_finite is not None:
+        flags[3] = non_finite.to(flags.device)
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    return bool(flags[0].item()), bool(flags[1].item())
+    return StopFlags(*(value > 0 for value in flags.tolist()))

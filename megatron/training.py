@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from megatron import print_rank_0
 from megatron.initialize import initialize_megatron
-from megatron.trainer import Trainer, TrainerHooks, exit_signals
+from megatron.trainer import NonFiniteLoss, Trainer, TrainerHooks, exit_signals
 from megatron.training_state import TrainingProgress
 
-__all__ = ["Trainer", "TrainerHooks", "exit_signals", "pretrain"]
+__all__ = ["NonFiniteLoss", "Trainer", "TrainerHooks", "exit_signals", "pretrain"]
 
 
 def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callable, forward_step_func: Callable,
@@ -22,9 +22,10 @@ def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callab
     `hooks`: a TrainerHooks that watches the run (tests/pretrain_driver.py records through one)."""
     start = time.time()
     args = initialize_megatron(extra_args_provider, args_list)
-    if exit_signals(start, args)[1]:  # BigScience: a kill switch present at startup ends the job at once
-        # no Trainer was built, so no metrics and no TensorBoard writer were opened: nothing to close
-        print_rank_0(f"Detected kill switch at {args.kill_switch_path}. Exiting")
+    # BigScience: a kill switch present at startup ends the job at once; no Trainer was built, so no
+    # metrics and no TensorBoard writer were opened: nothing to close
+    if exit_signals(start, args.run_config.exit)[1]:
+        print_rank_0(f"Detected kill switch at {args.run_config.exit.kill_switch_path}. Exiting")
         return args, TrainingProgress()
     trainer = Trainer(args, model_provider, forward_step_func, hooks=hooks, start_time=start)
     trainer.run(train_valid_test_dataset_provider, batch_fn)

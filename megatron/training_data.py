@@ -5,47 +5,40 @@ from collections.abc import Callable, Iterator
 
 from megatron import mpu
 from megatron.arguments import ConfigError
-from megatron.microbatches import run_length
+from megatron.run_config import DataSettings, EvaluationSettings
 from megatron.training_state import TrainingProgress
 
 # validation / test: [(group name or None, iterator)], or None when the split is empty
 NamedIterators = list[tuple[str | None, Iterator]] | None
 
 
-def train_samples(args: Namespace) -> int:
-    """Samples the training split is sized for: all that the run's iterations read. That is more than
-    --train-samples when the last iteration's global batch passes it (a ramp-up's batch sizes, or a
-    --train-samples that is not a multiple of the batch): a split of exactly --train-samples would
-    run dry in the last iteration (StopIteration in DeepSpeed's loader). Every dataset kind (mock,
-    indexed, blends, weighted split paths) is asked for this many, as the forks' whole epochs give."""
-    return run_length(args)[1]
-
-
-def build_data_iterators(provider: Callable, args: Namespace, progress: TrainingProgress, batch_fn: Callable,
+def build_data_iterators(provider: Callable, args: Namespace, data: DataSettings, evaluation: EvaluationSettings,
+                         progress: TrainingProgress, batch_fn: Callable,
                          total_iterations: int) -> tuple[Iterator | None, NamedIterators, NamedIterators]:
     """Every rank builds the datasets (index caches are written by rank 0 only); the first and
     last pipeline stages (every rank without PP) read batches. Returns the training iterator and,
     for validation and test, a list of (group name, iterator): one unnamed entry for --data-path,
-    one per group of --valid/--test-weighted-split-paths; None when the split is empty."""
+    one per group of --valid/--test-weighted-split-paths; None when the split is empty. `args`
+    goes to the provider only (its own flags: --data-path, --split, ...)."""
     from megatron.data.data_samplers import build_pretraining_data_loader
 
-    gbs = args.global_batch_size
-    eval_runs = total_iterations // args.eval_interval + 1  # periodic ones and the final one
-    num_samples = [train_samples(args), eval_runs * args.eval_iters * gbs, args.eval_iters * gbs]
+    gbs, eval_iters = data.global_batch_size, evaluation.eval_iters
+    eval_runs = total_iterations // evaluation.eval_interval + 1  # periodic ones and the final one
+    num_samples = [data.train_samples, eval_runs * eval_iters * gbs, eval_iters * gbs]
     datasets = provider(args, num_samples)
     dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
     # every validation group resumes at the same position: each evaluation reads the same number
     # of samples from each group
     consumed = [progress.consumed_train_samples, progress.consumed_valid_samples, 0]
-    iterators = []
+    iterators: list[NamedIterators] = []
     for split, (named, done) in enumerate(zip(datasets, consumed, strict=True)):
         named = named if isinstance(named, list) else [(None, named)]
-        workers = args.valid_num_workers if split == 1 and args.valid_num_workers is not None else args.num_workers
-        split_iterators = []
+        workers = data.valid_num_workers if split == 1 and data.valid_num_workers is not None else data.num_workers
+        split_iterators: list[tuple[str | None, Iterator]] = []
         for name, dataset in named:
             # a finished run reloaded with a shorter schedule has nothing left
             position = done if dataset is None else min(done, len(dataset))
-            loader = build_pretraining_data_loader(dataset, position, args.micro_batch_size, dp_rank, dp_size,
+            loader = build_pretraining_data_loader(dataset, position, data.micro_batch_size, dp_rank, dp_size,
                                                    workers)
             if loader is not None:
                 split_iterators.append((name, map(batch_fn, iter(loader) if split == 0 else _cycle(loader))))

@@ -35,7 +35,9 @@ from megatron.model.analytic import (
     analytic_parameter_counts,
     experts_per_expert_parallel_rank,
     flops_per_sample,
+    stage_items,
 )
+from megatron.model.partition import DEFAULT_METHOD, describe_stage
 from megatron.model.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -112,7 +114,7 @@ def _numel(param):
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def is_owned_parameter(param: "torch.nn.Parameter", tp_rank: int) -> bool:
+def is_owned_parameter(param: "torch.Tensor", tp_rank: int) -> bool:
     """Whether this rank owns `param` for counting (and for the gradient norm): not DeepSpeed's
     non-owner copy of a tied module, and, if TP-replicated, only on TP rank 0."""
     if getattr(param, "ds_pipe_replicated", False):
@@ -187,7 +189,7 @@ def is_moe_model(model: "torch.nn.Module") -> bool:
 
 
 def moe_parameter_owner(model: "torch.nn.Module",
-                        mpu: ModuleType) -> "Callable[[torch.nn.Parameter], bool] | None":
+                        mpu: ModuleType) -> "Callable[[torch.Tensor], bool] | None":
     """owned(param) for an MoE model on this rank (the rule above); None for a dense model."""
     from megatron.deepspeed_internals import expert_data_parallel_rank, is_expert_parameter
 
@@ -199,10 +201,10 @@ def moe_parameter_owner(model: "torch.nn.Module",
     edp_rank = {layer.expert_group_name: expert_data_parallel_rank(layer.expert_group_name)
                 for layer in layers}
 
-    def owned(param: "torch.nn.Parameter") -> bool:
+    def owned(param: "torch.Tensor") -> bool:
         if is_expert_parameter(param):
             tp_owned = not expert_tp or tp_rank == 0 or getattr(param, "tensor_model_parallel", False)
-            return edp_rank[param.group_name] == 0 and tp_owned
+            return edp_rank[param.group_name] == 0 and tp_owned  # type: ignore[attr-defined]  # DeepSpeed's tag
         return dp_rank == 0 and is_owned_parameter(param, tp_rank)
     return owned
 
@@ -362,7 +364,6 @@ def pipeline_split_lines(shape: ModelShape) -> list[str]:
     imbalance of any split shows; the memory table gives each stage's predicted bytes."""
     if shape.pipeline_model_parallel_size == 1:
         return []
-    from megatron.model.partition import DEFAULT_METHOD, describe_stage, stage_items
     method = shape.pp_partition_method or f"{DEFAULT_METHOD}, the default: the forks' even spread of the layers"
     per_stage = stage_items(shape)
     total = sum(item.flops for items in per_stage for item in items)

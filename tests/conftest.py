@@ -8,6 +8,53 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported a
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture
+def entry_point(monkeypatch, capsys):
+    """Runs pretrain_gpt.main(flags) in this process; returns (exit code, stderr lines, builds).
+    Rules checked after torch.distributed started (tokenizer, checkpoint) get a world of one on a
+    free port, torn down afterwards."""
+    import deepspeed
+    import torch
+
+    import pretrain_gpt
+    from megatron.launch import free_port
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(name, value)
+    builds = []
+    refusing = []  # non-empty while run() waits for a refusal: a build then is the failure, at once
+    provider = pretrain_gpt.model_provider
+
+    def model_provider(args):
+        builds.append(args)
+        if refusing:
+            raise AssertionError("the model was built before the error (a rule is missing)")
+        return provider(args)
+    monkeypatch.setattr(pretrain_gpt, "model_provider", model_provider)
+
+    def init_without_the_other_ranks(*args, **kwargs):
+        raise AssertionError("torch.distributed was started before the error (a rule is missing)")
+
+    def run(args_list, world_size=1):
+        monkeypatch.setenv("WORLD_SIZE", str(world_size))
+        if world_size > 1:  # only rank 0 runs here: with a rule missing, init would wait for the others
+            monkeypatch.setattr(deepspeed, "init_distributed", init_without_the_other_ranks)
+        refusing.append(True)
+        try:
+            with pytest.raises(SystemExit) as exit_info:
+                pretrain_gpt.main(args_list)
+        finally:
+            refusing.clear()
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err
+        return exit_info.value.code, err.splitlines(), builds
+
+    yield run
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     """The bundled corpus, preprocessed the way the quickstart does (once per test session)."""

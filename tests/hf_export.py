@@ -18,7 +18,7 @@ def convert(*argv):
 
 def our_logits(load_dir, tokens):
     """Our GPTModel (TP=1, no pipeline) with the checkpoint's merged weights: [b, s, V]."""
-    from megatron.checkpoint_reshard import Checkpoint, table_key
+    from megatron.checkpoint.reshard import Checkpoint, table_key
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel
     checkpoint = Checkpoint(load_dir)

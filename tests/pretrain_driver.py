@@ -17,13 +17,22 @@ $DRIVER_OUT/rank{R}.json:
     received (the data actually drawn), in order;
   * with DRIVER_DUMP_LOADED=1: right after --load, every parameter's weights, fp32 master and Adam
     moments as DeepSpeed's own API gathers them over DP (safe_get_full_*), in rank{R}_loaded.pt;
-  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging.
+  * each iteration's own loss as the engine returned it (`step_losses`), before any averaging;
+  * with DRIVER_DIE_IN_SAVE=N:R: rank R kills itself (SIGKILL, as a node loss or the OOM killer does)
+    right after writing its ZeRO optimizer file of iteration N's save, mid-save;
+  * with DRIVER_HOLD_UNTIL=PATH: every rank waits, once the engine is built (the run holds its
+    --save directory by then), until PATH exists (a test does something meanwhile);
+  * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
+    (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
+    signal processes while every rank is known to be inside iteration N.
 """
 import json
 import logging
 import os
 import re
+import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -68,6 +77,9 @@ class Recorder(TrainerHooks):
         engine = trainer.engine
         state["zero_stage"] = engine.zero_optimization_stage()
         state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+        hold = os.environ.get("DRIVER_HOLD_UNTIL")
+        while hold and not os.path.exists(hold):
+            time.sleep(0.1)
 
     def on_load(self, trainer):
         if os.environ.get("DRIVER_DUMP_LOADED"):
@@ -86,6 +98,12 @@ class Recorder(TrainerHooks):
 
     def on_step_start(self, trainer):
         self.inf_hook = None
+        if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_PAUSE_AT", "0")):
+            path = os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}.paused")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"pid": os.getpid(), "ppid": os.getppid()}, f)
+            os.replace(path + ".tmp", path)  # whole, for the test that polls for it
+            time.sleep(float(os.environ.get("DRIVER_PAUSE_S", "4")))
         if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
             param = next(trainer.engine.module.parameters())
             self.inf_hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
@@ -127,6 +145,24 @@ class _EngineView(logging.Handler):
         match = re.search(r"TOTAL_PARAMS=(\d+).*UNIQUE_PARAMS=(\d+)", record.getMessage())
         if match:
             state["ds_total"], state["ds_unique"] = int(match.group(1)), int(match.group(2))
+
+
+def _die_in_save(iteration, rank):
+    """torch.save, as DeepSpeed's checkpoint engine calls it, with a SIGKILL after rank `rank` has
+    written its ZeRO file of iteration `iteration`'s save."""
+    save = torch.save
+
+    def save_then_die(obj, f, *args, **kwargs):
+        result = save(obj, f, *args, **kwargs)
+        if (isinstance(f, str) and f"global_step{iteration}" in f and "zero_pp_rank_" in os.path.basename(f)
+                and dist.get_rank() == rank):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    torch.save = save_then_die
+
+
+if os.environ.get("DRIVER_DIE_IN_SAVE"):
+    _die_in_save(*map(int, os.environ["DRIVER_DIE_IN_SAVE"].split(":")))
 
 
 ds_logger.setLevel(logging.INFO)

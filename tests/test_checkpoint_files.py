@@ -1,5 +1,5 @@
 """The files of a --save directory keep their names, keys and values: checkpoints written before
-(tests/data/checkpoint_files, written by the code before megatron/checkpoint_layout.py existed)
+(tests/data/checkpoint_files, written by the code before megatron/checkpoint/layout.py existed)
 read back with the values written by hand below, and the writer reproduces them byte for byte.
 In-process, no launch.
 
@@ -16,10 +16,11 @@ import json
 import os
 
 import pytest
+from checkpoint_fixtures import checkpoint_manager
 
 from megatron.arguments import parse_args, validate_args
 from megatron.atomic_write import AtomicFile, write_atomic
-from megatron.checkpoint_layout import (
+from megatron.checkpoint.layout import (
     CheckpointLayout,
     read_layout,
     read_model_info,
@@ -75,7 +76,7 @@ def test_files_written_before_read_with_their_values():
     assert (info["vocab_size"], info["seq_length"], info["make_vocab_size_divisible_by"], info["tokenizer_type"],
             info["params_dtype"], info["rope_theta"]) == (600, 32, 128, "NullTokenizer", "float32", 10000.0)
     # the reader the converter and resharding use sees the same
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     checkpoint = Checkpoint(MAIN)
     assert (checkpoint.iteration, checkpoint.tp, checkpoint.pp, checkpoint.pipeline) == (2, 1, 2, True)
     assert (checkpoint.shape.num_key_value_heads, checkpoint.shape.padded_vocab_size, checkpoint.shape.seq_length,
@@ -88,7 +89,7 @@ def test_writer_reproduces_the_files_written_before(tmp_path):
     step = str(tmp_path / "global_step2")
     os.makedirs(step)
     write_layout(step, CheckpointLayout.from_shape(args.model_shape, args.ds_pipeline_enabled))
-    write_model_info(step, args)
+    write_model_info(step, checkpoint_manager(args).model_info())
     write_tracker(str(tmp_path), 2)
     for name in ("latest", "latest_checkpointed_iteration.txt", "global_step2/megatron_layout.json",
                  "global_step2/megatron_model.json"):

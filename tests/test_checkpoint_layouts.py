@@ -4,16 +4,14 @@ layout would have; converted to `transformers` it computes our logits and tokeni
 One TP=2 x PP=2 run on the bundled corpus (saving at iterations 2 and 4) serves every check; the
 resumed runs start from copies of its iteration-2 checkpoint.
 """
-import hashlib
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from checkpoint_copies import checkpoint_at, digest, log_lines
 from distributed import run_distributed
 from hf_export import convert, our_logits
 from launcher import ROOT, launch
@@ -32,32 +30,6 @@ def args_for(corpus, tp=1, pp=1):
             "--make-vocab-size-divisible-by", 1000, "--tensor-model-parallel-size", tp,
             "--pipeline-model-parallel-size", pp]
 
-
-def digest(directory):
-    """Every file's bytes and mode: proof that nothing wrote to a checkpoint."""
-    out = {}
-    for root, _, files in os.walk(directory):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, directory)] = (hashlib.sha256(f.read()).hexdigest(),
-                                                         os.stat(path).st_mtime_ns)
-    return out
-
-
-def checkpoint_at(src, iteration, dst):
-    """A checkpoint directory holding only `src`'s iteration `iteration`."""
-    shutil.copytree(os.path.join(src, f"global_step{iteration}"), os.path.join(dst, f"global_step{iteration}"))
-    for name, text in (("latest", f"global_step{iteration}"), ("latest_checkpointed_iteration.txt", str(iteration))):
-        with open(os.path.join(dst, name), "w") as f:
-            f.write(text)
-    return dst
-
-
-def log_lines(output):
-    """{iteration: (consumed samples, learning rate)} from the Megatron log lines."""
-    return {int(m.group(1)): (int(m.group(2)), float(m.group(3))) for m in re.finditer(
-        r"iteration\s+(\d+)/\s*\d+ \| consumed samples:\s+(\d+) \|.*?learning rate: ([0-9.E+-]+)", output)}
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +110,7 @@ def test_resume_tp1_pp1_at_tp2_pp1(corpus, tp1_no_pipe):
 
 def test_merged_tensors_are_the_saved_slices(original):
     """Independent of the cut: each saved TP shard is the contiguous block of the merged tensor."""
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     checkpoint = Checkpoint(original["ckpt"], 2)
     full = checkpoint.read_weights()
     assert set(full) == set(checkpoint.specs) and len(full) == 2 + 2 * 12 + 2  # embedding, 2 layers, final LN
@@ -157,7 +129,7 @@ def test_merged_tensors_are_the_saved_slices(original):
 def test_reshard_refuses_a_parameter_the_table_lacks(original, tmp_path):
     """A saved parameter the parameter table has no entry for (in a layer file, or among the
     optimizer's parameter names) is refused in one line naming it, before anything is merged."""
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.shape import ConfigError
     broken = checkpoint_at(original["ckpt"], 2, str(tmp_path / "extra"))
     layer_file = os.path.join(broken, "global_step2", "layer_01-model_00-model_states.pt")
@@ -258,7 +230,7 @@ def test_resume_refuses_a_truncated_shard_before_building(corpus, original, tmp_
 
 def test_training_does_not_import_transformers():
     """transformers / safetensors are the `hf` extra: the trainer must run without them."""
-    code = ("import sys, pretrain_gpt, megatron.training, megatron.checkpointing, megatron.resume_reshard; "
+    code = ("import sys, pretrain_gpt, megatron.training, megatron.checkpoint.manager, megatron.checkpoint.resume; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'safetensors')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                           env=dict(os.environ, PYTHONPATH=ROOT, DS_ACCELERATOR="cpu"))

@@ -156,11 +156,12 @@ def _save_while_rank1_stalls(save_dir):
     import deepspeed
     import torch
     import torch.distributed as dist
+    from checkpoint_fixtures import checkpoint_manager
     from model_fixtures import tiny_config
 
     from megatron import mpu
     from megatron.arguments import parse_args, validate_args
-    from megatron.checkpointing import TRACKER, save_checkpoint
+    from megatron.checkpoint.layout import TRACKER
     from megatron.learning_rates import AnnealingLR
     from megatron.model.gpt_model import GPTModelPipe
     from megatron.training_state import TrainingProgress
@@ -185,11 +186,13 @@ def _save_while_rank1_stalls(save_dir):
             return f.read(), g.read()
 
     progress = TrainingProgress(iteration=1)
-    save_checkpoint(engine, lr_scheduler, progress, args)
+    manager = checkpoint_manager(args)
+    manager.save(engine, lr_scheduler, progress)
     seen = []
     if dist.get_rank() == 1:
         write = engine.checkpoint_engine.save
-        rank0_done = os.path.join(save_dir, "global_step2", "mp_rank_00_model_states.pt")
+        # a save in progress writes into global_step2.partial, renamed to global_step2 once complete
+        rank0_done = os.path.join(save_dir, "global_step2.partial", "mp_rank_00_model_states.pt")
 
         def stalled(state_dict, path, *rest, **kwargs):
             if not seen:
@@ -197,20 +200,22 @@ def _save_while_rank1_stalls(save_dir):
                 while not os.path.exists(rank0_done) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 time.sleep(1.0)  # ample time for rank 0 to move the pointers, were it allowed to
-                seen.append((os.path.exists(rank0_done), sorted(os.listdir(os.path.join(save_dir, "global_step2"))),
-                             pointers()))
+                seen.append((os.path.exists(rank0_done),
+                             sorted(os.listdir(os.path.join(save_dir, "global_step2.partial"))), pointers(),
+                             os.path.exists(os.path.join(save_dir, "global_step2"))))
             return write(state_dict, path, *rest, **kwargs)
         engine.checkpoint_engine.save = stalled
     progress.iteration = 2
-    save_checkpoint(engine, lr_scheduler, progress, args)
+    manager.save(engine, lr_scheduler, progress)
     return seen, pointers()
 
 
 def test_pointers_move_only_after_every_rank_has_written(tmp_path):
     from distributed import run_distributed
     _, (seen, after) = run_distributed(2, _save_while_rank1_stalls, str(tmp_path), pp=2)
-    [(rank0_done, files_during_stall, pointers_during_stall)] = seen
+    [(rank0_done, files_during_stall, pointers_during_stall, visible_during_stall)] = seen
     assert rank0_done  # rank 0 had written its shards of iteration 2 ...
     assert not any(name.startswith(("layer_02", "layer_03", "mp_rank_01")) for name in files_during_stall)
     assert pointers_during_stall == ("global_step1", "1")  # ... yet the pointers still named iteration 1
+    assert not visible_during_stall  # ... and global_step2 appears only once complete
     assert after == ("global_step2", "2")

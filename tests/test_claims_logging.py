@@ -122,6 +122,7 @@ def test_metrics_owns_its_writer_and_decides_when_to_log(tmp_path):
 
 def test_evaluation_is_the_mean_over_eval_iters():
     """Three batches with losses 1, 2 and 6: mean 3; 3 batches of the current global batch 8 read."""
+    from megatron.run_config import EvaluationSettings
     from megatron.trainer import Trainer
 
     class Engine:
@@ -138,7 +139,8 @@ def test_evaluation_is_the_mean_over_eval_iters():
     steps = SimpleNamespace(engine=Engine(), eval_batch=lambda data: torch.tensor(next(losses)))
     calculator = SimpleNamespace(get_current_global_batch_size=lambda: 8)
     trainer = Trainer.__new__(Trainer)  # the parts evaluate() reads, without building a model
-    trainer.args, trainer.engine, trainer.steps = SimpleNamespace(eval_iters=3), steps.engine, steps
+    trainer.evaluation = EvaluationSettings(eval_interval=None, eval_iters=3)
+    trainer.engine, trainer.steps = steps.engine, steps
     trainer.calculator = calculator
     assert trainer.evaluate(None) == (3.0, 24)
     assert steps.engine.modes == ["eval", "train"]

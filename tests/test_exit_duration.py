@@ -2,7 +2,6 @@
 passes the limit, or one rank sees the kill-switch file, every rank stops after the same iteration
 (otherwise one rank would enter the exit save and its barrier while the others start another step,
 and the run would hang)."""
-import argparse
 import time
 
 from distributed import run_distributed
@@ -15,17 +14,18 @@ def _decide(cases, kill_cases, tmp):
 
     import torch.distributed as dist
 
+    from megatron.run_config import ExitSettings
     from megatron.training import exit_signals
     rank = dist.get_rank()
-    args = argparse.Namespace(exit_duration_in_mins=1)
-    late = [exit_signals(time.time() - 60 * minutes[rank], args)[0] for minutes in cases]
+    settings = ExitSettings(exit_interval=None, exit_duration_in_mins=1, kill_switch_path=None)
+    late = [exit_signals(time.time() - 60 * minutes[rank], settings)[0] for minutes in cases]
     killed = []
     for i, present in enumerate(kill_cases):
         path = os.path.join(tmp, f"kill_{i}_rank{rank}")  # one path per rank: only some ranks see a file
         if present[rank]:
             open(path, "w").close()
-        killed.append(exit_signals(time.time(), argparse.Namespace(exit_duration_in_mins=None,
-                                                                   kill_switch_path=path)))
+        killed.append(exit_signals(time.time(), ExitSettings(exit_interval=None, exit_duration_in_mins=None,
+                                                             kill_switch_path=path)))
     return late, killed
 
 

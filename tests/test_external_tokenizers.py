@@ -13,11 +13,10 @@ import pytest
 import torch
 from conftest import HF_TOKENIZER_SIZE, ROOT, SENTENCEPIECE_SIZE, _corpus_texts
 from distributed import run_distributed
+from flag_runs import flags as trainer_flags
 from hf_export import convert, our_logits
 from launcher import launch, losses
-from test_flag_validation import entry_point  # noqa: F401  (a fixture: pretrain_gpt.main in-process)
-from test_flag_validation import flags as trainer_flags
-from tool_modules import load_tool
+from tool_modules import load_tool, preprocess
 
 from megatron.data.indexed_dataset import MMapIndexedDataset
 
@@ -29,15 +28,6 @@ TRAIN = ["--micro-batch-size", 2, "--global-batch-size", 4, "--train-iters", ITE
          "--lr-warmup-iters", 1, "--hidden-dropout", 0, "--attention-dropout", 0, "--log-interval", 1,
          "--eval-interval", 1000, "--eval-iters", 1, "--seed", 1234, "--split", "98,2,0"]
 
-
-def _load_preprocess():
-    return load_tool("preprocess_data")
-
-
-def preprocess(tmp_path, *tokenizer_flags):
-    _load_preprocess().main(["--input", os.path.join(ROOT, "data", "corpus.jsonl"), "--output-prefix",
-                             str(tmp_path / "corpus"), "--append-eod", *map(str, tokenizer_flags)])
-    return str(tmp_path / "corpus_text_document")
 
 
 def check_ids(prefix, encode, eos):
@@ -88,7 +78,7 @@ def test_hf_tokenizer_padded_vocab_tp2_launch_count_and_export(tmp_path, hf_toke
     assert sorted(curve) == list(range(1, ITERS + 1)) and curve[ITERS] < curve[1], curve
 
     # the TP=2 shards merge to the padded 320 rows; the export keeps them and the tokenizer
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     assert tuple(Checkpoint(str(ckpt)).read_weights([0])[(0, "word_embeddings.weight")].shape) == (padded, h)
     pytest.importorskip("transformers")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -236,8 +226,8 @@ def test_bad_tokenizer_flags_are_one_line_in_trainer_tool_and_preprocess(flags, 
     if flags[0] == "--tokenizer-type":  # preprocess_data's own parser, before any worker starts
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
-            _load_preprocess().get_args(["--input", "data/corpus.jsonl", "--output-prefix", str(tmp_path / "c"),
-                                         *flags])
+            load_tool("preprocess_data").get_args(["--input", "data/corpus.jsonl", "--output-prefix",
+                                                   str(tmp_path / "c"), *flags])
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
@@ -289,19 +279,19 @@ except ValueError as e:
 def test_resume_keeps_the_saved_padded_vocab_unless_pad_vocab_size_to_says_otherwise():
     from argparse import Namespace
 
+    from megatron.checkpoint.resume import _keep_padded_vocab
     from megatron.model.shape import ConfigError, ModelShape
-    from megatron.resume_reshard import _keep_padded_vocab
     shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=300,
                        make_vocab_size_divisible_by=64, pad_vocab_size_to=320, tensor_model_parallel_size=2)
     with pytest.raises(ConfigError, match="padded to 384, this run's --pad-vocab-size-to is 320; pass "
                                           "--pad-vocab-size-to 384"):
-        _keep_padded_vocab(384, Namespace(model_shape=shape), "--load x")
+        _keep_padded_vocab(384, shape, "--load x")
     args = Namespace(model_shape=shape)
-    _keep_padded_vocab(320, args, "--load x")  # the same size: nothing to change
+    _keep_padded_vocab(320, args.model_shape, "--load x")  # the same size: nothing to change
     assert args.model_shape.padded_vocab_size == 320
 
 
-def test_trainer_refuses_a_pad_below_the_tokenizer_in_one_line(entry_point, hf_tokenizer_dir):  # noqa: F811
+def test_trainer_refuses_a_pad_below_the_tokenizer_in_one_line(entry_point, hf_tokenizer_dir):
     """Checked once the tokenizer is built, before the model is."""
     code, err, builds = entry_point(trainer_flags({"--vocab-size": "drop", "--tokenizer-type": "PretrainedFromHF",
                                            "--tokenizer-name-or-path": hf_tokenizer_dir,
@@ -310,7 +300,7 @@ def test_trainer_refuses_a_pad_below_the_tokenizer_in_one_line(entry_point, hf_t
     assert err[-1].startswith("pretrain_gpt.py: error: --pad-vocab-size-to 256 is below the tokenizer's 300 tokens")
 
 
-def test_hftokenizer_added_eos_must_fit_the_padded_vocab(entry_point, hf_tokenizer_dir, tmp_path):  # noqa: F811
+def test_hftokenizer_added_eos_must_fit_the_padded_vocab(entry_point, hf_tokenizer_dir, tmp_path):
     """Microsoft's HFTokenizer adds an eos the tokenizer lacks past its vocab size (300 here): the
     padding must hold it, or the run stops in one line before the model is built."""
     transformers = pytest.importorskip("transformers")

@@ -5,36 +5,8 @@ command-line run."""
 import json
 import os
 
-import deepspeed
 import pytest
-import torch
-
-import pretrain_gpt
-from megatron.launch import free_port
-
-BASE = {"--num-layers": 4, "--hidden-size": 64, "--num-attention-heads": 4, "--seq-length": 32,
-        "--max-position-embeddings": 32, "--micro-batch-size": 2, "--global-batch-size": 8, "--train-iters": 10,
-        "--lr": 1e-3, "--mock-data": None, "--vocab-size": 600}
-VOCAB, MERGES = "data/gpt2-vocab.json", "data/gpt2-merges.txt"
-SAMPLES = {"--train-iters": "drop", "--train-samples": 100}  # sample-based training
-REAL_DATA = {"--mock-data": "drop", "--vocab-size": "drop", "--vocab-file": VOCAB, "--merge-file": MERGES}
-
-
-def flags(changes):
-    """BASE with `changes` applied: a value replaces (or adds) a flag, "drop" removes it, None is a switch."""
-    merged = dict(BASE)
-    for flag, value in changes.items():
-        if value == "drop":
-            merged.pop(flag, None)
-        else:
-            merged[flag] = value
-    out = []
-    for flag, value in merged.items():
-        out.append(flag)
-        if value is not None:
-            out += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
-    return out
-
+from flag_runs import MERGES, REAL_DATA, SAMPLES, check_one_line, flags
 
 # Written out by hand (not generated from megatron/arguments.py's rule tuples, so a flag dropped
 # from those tuples fails here): a bad value of each size, count, interval and fraction flag, and
@@ -149,55 +121,6 @@ DS_CONFIG_RULES = [
     param("{not json", 1, "--deepspeed_config", "ds invalid json"),
 ]
 
-
-@pytest.fixture
-def entry_point(monkeypatch, capsys):
-    """Runs pretrain_gpt.main(flags) in this process; returns (exit code, stderr lines, builds).
-    Rules checked after torch.distributed started (tokenizer, checkpoint) get a world of one on a
-    free port, torn down afterwards."""
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-        monkeypatch.setenv(name, value)
-    builds = []
-    refusing = []  # non-empty while run() waits for a refusal: a build then is the failure, at once
-    provider = pretrain_gpt.model_provider
-
-    def model_provider(args):
-        builds.append(args)
-        if refusing:
-            raise AssertionError("the model was built before the error (a rule is missing)")
-        return provider(args)
-    monkeypatch.setattr(pretrain_gpt, "model_provider", model_provider)
-
-    def init_without_the_other_ranks(*args, **kwargs):
-        raise AssertionError("torch.distributed was started before the error (a rule is missing)")
-
-    def run(args_list, world_size=1):
-        monkeypatch.setenv("WORLD_SIZE", str(world_size))
-        if world_size > 1:  # only rank 0 runs here: with a rule missing, init would wait for the others
-            monkeypatch.setattr(deepspeed, "init_distributed", init_without_the_other_ranks)
-        refusing.append(True)
-        try:
-            with pytest.raises(SystemExit) as exit_info:
-                pretrain_gpt.main(args_list)
-        finally:
-            refusing.clear()
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err
-        return exit_info.value.code, err.splitlines(), builds
-
-    yield run
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
-def check_one_line(entry_point, args_list, world_size, flag):
-    code, lines, builds = entry_point(args_list, world_size)
-    assert code == 2
-    assert len(lines) == 1 and lines[0].startswith("pretrain_gpt.py: error: "), lines
-    assert flag in lines[0], lines[0]
-    assert builds == [], "the model was built before the error"
-    return lines[0]
 
 
 @pytest.mark.parametrize("changes, world_size, flag", SINGLE_VALUE_RULES + SHAPE_RULES + COMBINATION_RULES)

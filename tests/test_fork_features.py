@@ -9,8 +9,8 @@ import os
 
 import pytest
 from distributed import run_distributed
-from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
-from test_published_scripts import HERE, for_the_tool, load, param_count_module
+from flag_runs import check_one_line, flags
+from published_scripts import HERE, for_the_tool, load, param_count_module
 
 PUBLISHED = os.path.join(HERE, "data", "published_scripts")
 NOT_SUPPORTED = "is not supported by this trainer; drop the flag"
@@ -99,7 +99,7 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize("changes, line", REFUSALS, ids=[" ".join(c) for c, _ in REFUSALS])
-def test_refusal_is_one_line(changes, line, entry_point):  # noqa: F811
+def test_refusal_is_one_line(changes, line, entry_point):
     flag = next(iter(changes))
     assert check_one_line(entry_point, flags(changes), 1, flag) == f"pretrain_gpt.py: error: {line}"
 

@@ -1,5 +1,5 @@
 """An fp16 + ZeRO-1 checkpoint resharded from DP=2 to DP=1 keeps its dynamic loss scaler exactly
-(megatron/resume_reshard.py: read_loss_scaler, set_loss_scaler), with the fp32 masters and Adam's
+(megatron/checkpoint/resume.py's load_resharded: read_loss_scaler, set_loss_scaler), with the fp32 masters and Adam's
 moments of every parameter.
 
 DeepSpeed's engine refuses fp16 on this CPU ("Type fp16 is not supported on your device": its CPU
@@ -8,12 +8,10 @@ built with DeepSpeed's own objects anyway: the accelerator is told fp16 is suppo
 deepspeed.initialize builds its real fp16 DeepSpeedZeroOptimizer (torch computes fp16 on CPU, slowly),
 which trains 6 steps from an initial scale of 2^20: the first steps overflow and are skipped, each
 halving the scale (hysteresis 1; no growth within the window of 1000), then updates apply. The
-checkpoint is written by the trainer's save_checkpoint, the DP=1 engine filled by the trainer's
+checkpoint is written by the trainer's CheckpointManager, the DP=1 engine filled by the trainer's
 resharding loader; the expected values are what DeepSpeed's source optimizer held (its loss scaler
 object, and its full fp32 masters and moments gathered with deepspeed.utils' safe_get_full_* over
 the DP ranks), not what our reader reads."""
-import types
-
 import pytest
 import torch
 from distributed import run_distributed
@@ -67,7 +65,7 @@ def _full_state(engine):
 def _source(save_dir):
     """DP=2: 6 fp16 steps, then the trainer's save."""
     from megatron import mpu
-    from megatron.checkpointing import save_checkpoint
+    from megatron.checkpoint.manager import CheckpointManager
     from megatron.learning_rates import AnnealingLR
     from megatron.training_state import TrainingProgress
     args, engine = _fp16_engine(4, "--save", save_dir)
@@ -80,19 +78,19 @@ def _source(save_dir):
         engine.step()
         applied.append(engine.was_step_applied())
     progress = TrainingProgress(iteration=STEPS)
-    save_checkpoint(engine, AnnealingLR(engine.optimizer, 1e-3, 0.0, 0, 100, "linear"), progress, args)
+    CheckpointManager.from_run_config(args.run_config).save(
+        engine, AnnealingLR(engine.optimizer, 1e-3, 0.0, 0, 100, "linear"), progress)
     return _scaler(engine), _full_state(engine), applied
 
 
 def _resharded(save_dir):
     """DP=1: a fresh fp16 engine, filled by the resharding loader."""
-    from megatron.resume_reshard import load_resharded
+    from megatron.checkpoint.reshard import Checkpoint
+    from megatron.checkpoint.resume import load_resharded
     args, engine = _fp16_engine(2)
     before = _scaler(engine)
-    resume = types.SimpleNamespace(reshard_source=(save_dir, STEPS))
-    load_resharded(engine, types.SimpleNamespace(run_config=types.SimpleNamespace(resume=resume),
-                                                 model_shape=args.model_shape, ds_pipeline_enabled=False,
-                                                 no_load_optim=False, finetune=False, fp16=True))
+    load_resharded(engine, Checkpoint(save_dir, STEPS), args.run_config.checkpoint, args.model_shape,
+                   pipeline=False, fp16=True)
     return before, _scaler(engine), _full_state(engine)
 
 

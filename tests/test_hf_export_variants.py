@@ -91,7 +91,7 @@ def _save_all(root):
     import io
 
     import pretrain_gpt
-    from megatron.checkpoint_reshard import Checkpoint, table_key
+    from megatron.checkpoint.reshard import Checkpoint, table_key
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel
     logits = {}

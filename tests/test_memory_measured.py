@@ -6,55 +6,19 @@ configurations, with and without checkpointing, they agree to the byte; the tole
 for kernels that save differently)."""
 import pytest
 from distributed import run_distributed
+from memory_runs import check_exact, first_iteration
 
 # the TINY trainer config of the launch tests: 2 layers, hidden 64, 4 heads, seq 32, vocab 600 -> 640
-FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--micro-batch-size", "2", "--lr", "1e-3", "--mock-data", "--vocab-size", "600", "--hidden-dropout", "0",
-         "--attention-dropout", "0", "--train-iters", "4", "--seed", "1234"]
 H, L, S, V = 64, 2, 32, 640
 PER_LAYER = 12 * H * H + 13 * H
 TOTAL = V * H + S * H + L * PER_LAYER + 2 * H  # 143,104
 PARAM_TENSORS = 2 + 12 * L + 2  # embedding, 12 per layer, final LayerNorm
 
 
-def _first_iteration(flags):
-    """Build the trainer's engine as pretrain() does, run one iteration, measure."""
-    import torch
-    import torch.distributed as dist
-
-    import pretrain_gpt
-    from megatron import initialize
-    from megatron.arguments import parse_args, validate_args
-    from megatron.global_vars import set_args
-    from megatron.run_config import ResumePlan, RunConfig, freeze_args
-    from megatron.training import Trainer
-
-    args = parse_args(args_list=FLAGS + flags)
-    validate_args(args, world_size=dist.get_world_size(), cuda_available=False)
-    args.rank = dist.get_rank()
-    set_args(args)
-    initialize._build_tokenizer(args)
-    args = freeze_args(args, RunConfig.from_args(args, ResumePlan()))  # as initialize_megatron ends
-    trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
-    g = torch.Generator().manual_seed(args.rank)
-    batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
-                    for _ in range(16)])
-    trainer.steps.train_batch(batches)
-    return [(rank, stage, tp, dp, predicted._asdict(), measured)
-            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()]
-
-
-def _check_exact(rows):
-    for rank, stage, tp, dp, predicted, measured in rows:
-        for field in ("weights", "gradients", "optimizer"):
-            assert predicted[field] == measured[field], (
-                f"rank {rank} (stage {stage}, tp {tp}, dp {dp}) {field}: "
-                f"predicted {predicted[field]:,}, measured {measured[field]:,}")
-
 
 def test_zero0_fp32_dp2_is_the_plain_adamw_layout():
-    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4"])[0]
-    _check_exact(rows)
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4"])[0]
+    check_exact(rows)
     # by hand: fp32 weights and gradients, AdamW exp_avg + exp_avg_sq and a 4-byte step per tensor
     for *_, predicted, _ in rows:
         assert (predicted["weights"], predicted["gradients"]) == (4 * TOTAL, 4 * TOTAL)
@@ -62,8 +26,8 @@ def test_zero0_fp32_dp2_is_the_plain_adamw_layout():
 
 
 def test_zero1_dp2_partitions_optimizer_state_with_deepspeed_padding():
-    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4", "--zero-stage", "1"])[0]
-    _check_exact(rows)
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4", "--zero-stage", "1"])[0]
+    check_exact(rows)
     # by hand: groups (matrices, then 1-D) of 141,312 and 1,792 elements, both multiples of 2 x DP,
     # so each rank's fp32 slice is half; the weights are the two flat fp32 buffers
     matrices, vectors = V * H + S * H + L * 12 * H * H, L * 13 * H + 2 * H
@@ -76,9 +40,9 @@ def test_zero1_dp2_partitions_optimizer_state_with_deepspeed_padding():
 
 
 def test_zero2_dp2_without_pipeline():
-    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4", "--zero-stage", "2",
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4", "--zero-stage", "2",
                                                  "--no-pipeline-parallel"])[0]
-    _check_exact(rows)
+    check_exact(rows)
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])
@@ -87,8 +51,8 @@ def test_tp2_pp2_exact_state_and_activation_estimate(checkpoint):
     holds the tied embedding copy, whose position table never gets a gradient."""
     flags = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
              "--global-batch-size", "8"] + (["--checkpoint-activations"] if checkpoint else [])
-    rows = run_distributed(4, _first_iteration, flags, tp=2, pp=2)[0]
-    _check_exact(rows)
+    rows = run_distributed(4, first_iteration, flags, tp=2, pp=2)[0]
+    check_exact(rows)
     last = [r for r in rows if r[1] == 1]
     for *_, predicted, _measured in last:
         # the copy's position table: held (weights) but neither gradient nor Adam state
@@ -105,8 +69,8 @@ def test_bf16_dp2_through_the_pipeline_engine_is_bf16_optimizer():
     """DeepSpeed wraps bf16 + pipeline engine + ZeRO 0 in BF16_Optimizer (it runs on CPU): bf16 flat
     weights padded to 2 x DP, a full flat bf16 gradient accumulator next to the bf16 .grad tensors
     at the step, fp32 master slices and Adam state per DP rank."""
-    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4", "--bf16"])[0]
-    _check_exact(rows)
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4", "--bf16"])[0]
+    check_exact(rows)
     for *_, predicted, _ in rows:
         assert predicted["weights"] == 2 * TOTAL  # both groups are multiples of 4 already
         assert predicted["gradients"] == 2 * TOTAL + 2 * TOTAL
@@ -121,8 +85,8 @@ def test_bf16_dp2_through_the_pipeline_engine_is_bf16_optimizer():
 def test_bf16_optimizer_branches_are_exact(flags):
     """Every other bf16 branch DeepSpeed takes on CPU, measured on its real engine after one
     iteration, and the same numbers by hand."""
-    rows = run_distributed(2, _first_iteration, ["--global-batch-size", "4", "--bf16"] + flags)[0]
-    _check_exact(rows)
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4", "--bf16"] + flags)[0]
+    check_exact(rows)
     for rank, _, _, _, predicted, _ in rows:
         assert predicted["weights"] == 2 * TOTAL  # bf16 weights
         if "--zero-stage" not in flags:

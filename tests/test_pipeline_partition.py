@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from megatron.model.partition import stage_parts
+from megatron.model.analytic import layers_per_stage, stage_parts
 from megatron.model.shape import ConfigError, ModelShape
 
 HERE = os.path.dirname(__file__)
@@ -52,9 +52,9 @@ UNIFORM = stages([7] + [6] * 11)                                 # layers 6 x 11
 
 def test_deepspeed_methods_on_bloom_176b():
     assert list(stage_parts(bloom("type:transformer"))) == TYPE_TRANSFORMER
-    assert bloom("type:transformer").layers_per_stage() == [6] * 10 + [5, 5]
+    assert layers_per_stage(bloom("type:transformer")) == [6] * 10 + [5, 5]
     assert list(stage_parts(bloom("type:transformer|embedding"))) == TYPE_TRANSFORMER_EMBEDDING
-    assert bloom("type:transformer|embedding").layers_per_stage() == [5] + [6] * 10 + [5]
+    assert layers_per_stage(bloom("type:transformer|embedding")) == [5] + [6] * 10 + [5]
     assert list(stage_parts(bloom("uniform"))) == UNIFORM
 
 
@@ -68,7 +68,7 @@ def test_flops_balances_flops_on_bloom_176b():
     assert 24 * 2048 * 14336 ** 2 + 4 * 2048 ** 2 * 14336 == 10_342_281_248_768
     assert 4 * 10_342_281_248_768 + 14_731_737_825_280 < 6 * 10_342_281_248_768 < 5 * 10_342_281_248_768 + \
         14_731_737_825_280
-    assert bloom("flops").layers_per_stage() == [6] * 11 + [4]
+    assert layers_per_stage(bloom("flops")) == [6] * 11 + [4]
     assert list(stage_parts(bloom("flops"))) == stages([7] + [6] * 10 + [6])
 
 
@@ -160,8 +160,8 @@ def test_the_default_is_the_forks_type_transformer():
     for layers, default, flops in ((4, [2, 2], [4, 0]), (12, [6, 6], [8, 4])):
         shape = dict(num_layers=layers, hidden_size=768, num_attention_heads=12, seq_length=1024, vocab_size=50257,
                      pipeline_model_parallel_size=2)
-        assert ModelShape(**shape).layers_per_stage() == default
-        assert ModelShape(**shape, pp_partition_method="flops").layers_per_stage() == flops
+        assert layers_per_stage(ModelShape(**shape)) == default
+        assert layers_per_stage(ModelShape(**shape, pp_partition_method="flops")) == flops
 
 
 def _tool(*flags):

@@ -29,7 +29,7 @@ import os
 import pytest
 from conftest import HF_TOKENIZER_SIZE, ROOT, SENTENCEPIECE_SIZE
 from distributed import run_distributed
-from test_published_scripts import HERE, load
+from published_scripts import HERE, load
 
 # The scripts that train in fp16 (MoE, rope, checkpointing, Ulysses): fp16 needs CUDA and stops a
 # CPU run with one line (megatron/arguments.py), so their tiny versions train in fp32. bf16 stays.
@@ -240,7 +240,7 @@ def _train_all(runs):
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory, corpus, hf_tokenizer_dir, sentencepiece_model):
-    from test_external_tokenizers import preprocess
+    from tool_modules import preprocess
     tmp = tmp_path_factory.mktemp("families")
     (tmp / "hf").mkdir()
     (tmp / "sp").mkdir()

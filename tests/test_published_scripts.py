@@ -5,24 +5,18 @@ one-line errors that real scripts run into, the startup line naming the flags ac
 effect (and a run showing they change nothing), and --clip-grad under a ds_config."""
 import contextlib
 import glob
-import importlib.util
 import io
 import json
 import os
 
 import pytest
 from distributed import run_distributed
-from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point is a fixture)
+from flag_runs import check_one_line, flags
+from published_scripts import for_the_tool, load, param_count_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPTS = sorted(glob.glob(os.path.join(HERE, "data", "published_scripts", "*.txt")))
-
-def load(path):
-    with open(path) as f:
-        lines = f.read().splitlines()
-    assert lines[0].startswith("# source: https://github.com/"), path
-    return [line for line in lines if not line.startswith("#")]
 
 
 def with_local_tokenizer(argv, hf_tokenizer_dir, sentencepiece_model):
@@ -34,21 +28,6 @@ def with_local_tokenizer(argv, hf_tokenizer_dir, sentencepiece_model):
             out[out.index(flag) + 1] = str(path)
     return out
 
-
-def param_count_module():
-    spec = importlib.util.spec_from_file_location("param_count", os.path.join(ROOT, "tools", "param_count.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def for_the_tool(argv):
-    """The scripts' cluster paths to the bundled GPT-2 files."""
-    out = list(argv)
-    for flag, path in (("--vocab-file", "data/gpt2-vocab.json"), ("--merge-file", "data/gpt2-merges.txt")):
-        if flag in out:
-            out[out.index(flag) + 1] = os.path.join(ROOT, path)
-    return out
 
 
 def test_the_collection():
@@ -98,13 +77,13 @@ def test_param_count_of_the_13b_script():
 
 # --- one line before any heavy work ------------------------------------------------------------
 
-def test_ulysses_sequence_parallelism_is_one_line(entry_point):  # noqa: F811
+def test_ulysses_sequence_parallelism_is_one_line(entry_point):
     line = check_one_line(entry_point, flags({"--ds-sequence-parallel-size": 4}), 1, "--ds-sequence-parallel-size")
     assert line == ("pretrain_gpt.py: error: --ds-sequence-parallel-size 4: DeepSpeed-Ulysses sequence parallelism "
                     "is not supported; use 1 (or drop the flag)")
 
 
-def test_nccl_without_cuda_is_one_line(entry_point):  # noqa: F811
+def test_nccl_without_cuda_is_one_line(entry_point):
     line = check_one_line(entry_point, flags({"--distributed-backend": "nccl"}), 1, "--distributed-backend nccl")
     assert "needs CUDA devices" in line
 
@@ -113,19 +92,19 @@ def test_nccl_without_cuda_is_one_line(entry_point):  # noqa: F811
     (["5-3"], "--skip-train-iteration-range 5-3: needs 1 <= START <= END"),
     (["12"], "--skip-train-iteration-range 12: give START-END, e.g. 101-200"),
 ])
-def test_bad_skip_range_is_one_line(ranges, message, entry_point):  # noqa: F811
+def test_bad_skip_range_is_one_line(ranges, message, entry_point):
     line = check_one_line(entry_point, flags({"--skip-train-iteration-range": ranges}), 1,
                           "--skip-train-iteration-range")
     assert line == f"pretrain_gpt.py: error: {message}"
 
 
-def test_tp_sync_with_zero3_is_one_line(entry_point):  # noqa: F811
+def test_tp_sync_with_zero3_is_one_line(entry_point):
     line = check_one_line(entry_point, flags({"--sync-tp-duplicated-parameters": None, "--zero-stage": 3,
                                               "--no-pipeline-parallel": None}), 1, "--sync-tp-duplicated-parameters")
     assert "ZeRO stage 3" in line
 
 
-def test_ds_config_key_deepspeed_rejects_is_one_line(entry_point, tmp_path):  # noqa: F811
+def test_ds_config_key_deepspeed_rejects_is_one_line(entry_point, tmp_path):
     """Microsoft's MoE template (examples_deepspeed/MoE/ds_config_gpt_TEMPLATE.json) rendered as its
     script renders it. What the installed DeepSpeed says about it, asked directly:"""
     import deepspeed

@@ -10,7 +10,7 @@ from launcher import TINY, launch
 
 import pretrain_gpt
 from megatron.arguments import parse_args, validate_args
-from megatron.training_data import train_samples
+from megatron.microbatches import train_samples
 
 RAMPUP = ["--rampup-batch-size", "2", "2", "4", "--global-batch-size", "4", "--train-samples", "10"]
 READ = 12  # the hand count above

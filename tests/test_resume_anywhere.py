@@ -20,10 +20,9 @@ import sys
 
 import pytest
 import torch
+from checkpoint_copies import checkpoint_at, digest, log_lines
 from distributed import run_distributed
 from launcher import TINY, launch, losses
-from test_checkpoint_layouts import checkpoint_at, digest, log_lines
-from test_flag_validation import entry_point  # noqa: F401  (the in-process pretrain_gpt.main fixture)
 
 BF16 = TINY + ["--bf16", "--zero-stage", "1", "--global-batch-size", "4", "--train-iters", "6"]
 BF16_TOL = 2e-3
@@ -112,7 +111,7 @@ def in_process(flags, capsys):
     return capsys.readouterr().out, progress
 
 
-def test_bf16_zero1_saved_at_dp2_resumes_at_dp1_zero0(dp2, entry_point, capsys):  # noqa: F811
+def test_bf16_zero1_saved_at_dp2_resumes_at_dp1_zero0(dp2, entry_point, capsys):
     src = checkpoint_at(dp2["ckpt"], 4, str(dp2["tmp"] / "at4"))
     before = digest(src)
     # DeepSpeed alone would stop here with a ZeRORuntimeException traceback (DP world size 2 vs 1);
@@ -147,7 +146,7 @@ def test_resumed_masters_and_moments_are_the_saved_ones_exactly(original, dp2):
     assert digest(original["at2"]) == original["digest2"]
 
 
-def test_deepspeed_universal_checkpoint_resumes_at_another_layout(original, entry_point, capsys):  # noqa: F811
+def test_deepspeed_universal_checkpoint_resumes_at_another_layout(original, entry_point, capsys):
     """DeepSpeed's ds_to_universal.py output (converted in the fixture), then --universal-checkpoint
     at TP=1 x PP=1 x DP=1: DeepSpeed cuts the slices and partitions itself."""
     load = original["tmp"] / "universal"
@@ -163,7 +162,7 @@ def test_deepspeed_universal_checkpoint_resumes_at_another_layout(original, entr
     assert digest(original["at2"]) == original["digest2"]
 
 
-def _refused(entry_point, flags, src, built_before=0):  # noqa: F811
+def _refused(entry_point, flags, src, built_before=0):
     before = digest(src)
     code, lines, builds = entry_point([str(f) for f in flags])
     assert code == 2 and len(lines) == 1 and lines[0].startswith("pretrain_gpt.py: error: "), lines
@@ -172,7 +171,7 @@ def _refused(entry_point, flags, src, built_before=0):  # noqa: F811
     return lines[0]
 
 
-def test_unsupported_changes_are_one_line_before_the_model(original, entry_point, tmp_path):  # noqa: F811
+def test_unsupported_changes_are_one_line_before_the_model(original, entry_point, tmp_path):
     at2 = original["at2"]
     fp32 = [f for f in BF16 if f != "--bf16"]
     line = _refused(entry_point, fp32 + ["--load", at2], at2)
@@ -195,7 +194,7 @@ def test_unsupported_changes_are_one_line_before_the_model(original, entry_point
     assert f"{at2}/latest_universal is missing; convert with DeepSpeed's ds_to_universal.py" in line
 
 
-def test_moe_change_of_layout_is_one_line(entry_point, tmp_path):  # noqa: F811
+def test_moe_change_of_layout_is_one_line(entry_point, tmp_path):
     """An MoE checkpoint (saved in-process, one rank, ZeRO 0) resumed with ZeRO 1: refused."""
     moe = ["--num-experts", 2, "--expert-interval", 1, "--no-pipeline-parallel", "--global-batch-size", 2,
            "--train-iters", 1]
@@ -210,7 +209,7 @@ def test_moe_change_of_layout_is_one_line(entry_point, tmp_path):  # noqa: F811
     shutil.rmtree(ckpt)
 
 
-def test_bf16_pipeline_checkpoint_resumes_on_the_non_pipeline_engine_with_zero2(original, entry_point,  # noqa: F811
+def test_bf16_pipeline_checkpoint_resumes_on_the_non_pipeline_engine_with_zero2(original, entry_point,
                                                                                capsys):
     """One rank: the pipeline engine's TP=2 x PP=2 ZeRO-1 checkpoint continues on the
     --no-pipeline-parallel engine with ZeRO 2 (other parameter names, gradients partitioned too)."""
@@ -250,8 +249,8 @@ def test_universal_checkpoint_info_names_every_built_parameter_by_its_tp_split()
     from deepspeed.checkpoint import constants as c
     from variants import shape_kwargs
 
+    from megatron.checkpoint.universal import universal_checkpoint_info
     from megatron.model.shape import ModelShape
-    from megatron.universal_checkpoint import universal_checkpoint_info
     [built] = run_distributed(1, _names_and_tags)
     for (name, pipeline), params in built.items():
         info = universal_checkpoint_info(ModelShape(**shape_kwargs(name)), pipeline)

@@ -36,6 +36,18 @@ def _initialized():
         "args.padded_vocab_size": _attempt(lambda: setattr(args, "padded_vocab_size", 1)),
         "del args.seed": _attempt(lambda: delattr(args, "seed")),
     }
+    # the layout owns the parallel sizes: args reads them off it (shown by changing the frozen value
+    # behind its back), the process groups were built from it, a shape of another TP x PP is refused
+    from megatron import mpu
+    sizes = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size)
+    object.__setattr__(config.parallel, "data_parallel_size", 3)
+    reads_layout = (args.data_parallel_size, vars(args)["data_parallel_size"])
+    object.__setattr__(config.parallel, "data_parallel_size", 1)
+    groups = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
+              mpu.get_data_parallel_world_size())
+    other_shape = dataclasses.replace(config.model_shape, tensor_model_parallel_size=2)
+    mismatch = _attempt(lambda: dataclasses.replace(config, model_shape=other_shape))
+    write_dp = _attempt(lambda: setattr(args, "data_parallel_size", 2))
     cache = _attempt(lambda: setattr(get_args(), "parameters", 123))  # the one late write allowed
     cache_again = _attempt(lambda: setattr(args, "parameters", 456))  # ... once
     ds_copy = config.deepspeed_config_dict()
@@ -46,7 +58,11 @@ def _initialized():
             "derived": (args.padded_vocab_size, args.ffn_hidden_size, args.kv_channels, args.max_position_embeddings,
                         args.num_key_value_heads, args.make_vocab_size_divisible_by),
             "layout": dataclasses.astuple(config.parallel), "batch": dataclasses.astuple(config.batch),
-            "gbs": args.global_batch_size}
+            "gbs": args.global_batch_size, "sizes": sizes, "reads_layout": reads_layout, "groups": groups,
+            "mismatch": mismatch, "write_dp": write_dp,
+            "sections": [dataclasses.astuple(s) for s in (config.lr_schedule, config.evaluation, config.exit,
+                                                          config.data)],
+            "section_write": _attempt(lambda: setattr(config.evaluation, "eval_iters", 1))}
 
 
 def test_configuration_is_frozen_after_initialization():
@@ -70,3 +86,17 @@ def test_configuration_is_frozen_after_initialization():
     # TP, PP, DP, EP, world size, rank, pipeline engine; mbs, gbs, no ramp-up, seq, iters, samples, tokens
     assert out["layout"] == (1, 1, 1, 1, 1, 0, True)
     assert out["batch"] == (2, 4, None, 32, 2, None, None) and out["gbs"] == 4
+    assert out["sizes"] == out["groups"] == (1, 1, 1)
+    assert out["reads_layout"] == (3, 1)  # the layout's value; vars(args) keeps the validated one
+    assert out["mismatch"][0] == "RuntimeError" and "differs from the parallel layout's 1 x 1" in out["mismatch"][1]
+    assert out["write_dp"][0] == "FrozenArgsError"
+    # the Trainer's sections, from FLAGS and the flags' defaults: lr 1e-4 to --min-lr 0 (linear decay),
+    # no warmup, decay over --train-iters 2 x global batch 4 = 8 samples, 32 tokens a sample, no token
+    # lengths; --eval-interval 1000 of --eval-iters 100; no exit flag
+    lr_schedule, evaluation, exit_settings, data = out["sections"]
+    assert lr_schedule == (1e-4, 0.0, "linear", 0, 8, None, None, 32, False, False)
+    assert evaluation == (1000, 100) and exit_settings == (None, None, None)
+    # micro batch 2, global batch 4, the training split sized for 2 iterations x 4 = 8 samples, no
+    # loader workers (--num-workers 0), none set for validation, no skipped iterations
+    assert data == (2, 4, 8, 0, None, None)
+    assert out["section_write"][0] == "FrozenInstanceError"

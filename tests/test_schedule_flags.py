@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from test_flag_validation import check_one_line, entry_point, flags  # noqa: F401 (entry_point: a fixture)
+from flag_runs import check_one_line, flags
 
 TOKENS = {"--train-tokens": 1000}
 
@@ -36,11 +36,11 @@ RULES = [
 
 
 @pytest.mark.parametrize("changes, flag", RULES, ids=[f"{flag} {i}" for i, (_, flag) in enumerate(RULES)])
-def test_rule(changes, flag, entry_point):  # noqa: F811
+def test_rule(changes, flag, entry_point):
     check_one_line(entry_point, flags(changes), 1, flag)
 
 
-def test_weighted_split_path_rules(entry_point, tmp_path):  # noqa: F811
+def test_weighted_split_path_rules(entry_point, tmp_path):
     d = _dataset(tmp_path)
     real = {"--mock-data": "drop", "--tokenizer-type": "NullTokenizer"}
     train = "--train-weighted-split-paths"
@@ -118,10 +118,10 @@ def test_block_method_activation_estimate_equals_the_bytes_saved_for_backward():
     estimate equals what autograd really saved in the trainer's first iteration (to the byte here,
     as the uniform method's in tests/test_memory_measured.py)."""
     from distributed import run_distributed
-    from test_memory_measured import _check_exact, _first_iteration
+    from memory_runs import check_exact, first_iteration
     flags = ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--global-batch-size", "8",
              "--activations-checkpoint-method", "block", "--activations-checkpoint-num-layers", "1"]
-    rows = run_distributed(2, _first_iteration, flags, pp=2)[0]
-    _check_exact(rows)
+    rows = run_distributed(2, first_iteration, flags, pp=2)[0]
+    check_exact(rows)
     for rank, _, _, _, predicted, measured in rows:
         assert predicted["activations"] == measured["activations"], rank

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_arguments import validated
+from validated_args import validated
 from variants import VARIANTS, shape_kwargs
 
 from megatron.arguments import ConfigError
@@ -162,7 +162,9 @@ def with_vocab(args, vocab=600):
 
 
 def test_checkpoint_layout_names_the_variant_and_old_checkpoints_load_as_gpt2(tmp_path):
-    from megatron.checkpointing import LAYOUT, check_layout
+    from checkpoint_fixtures import checkpoint_manager
+
+    from megatron.checkpoint.layout import LAYOUT_FILE as LAYOUT
     gpt2 = with_vocab(validated())
     old = {key: getattr(gpt2, key) for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                                                 "padded_vocab_size", "max_position_embeddings",
@@ -173,8 +175,8 @@ def test_checkpoint_layout_names_the_variant_and_old_checkpoints_load_as_gpt2(tm
     # the shape check passes (an old layout is a GPT-2's); the next check reads the model shards,
     # which this layout-only checkpoint does not have
     with pytest.raises(ConfigError, match="mp_rank_00_model_states.pt: checkpoint shard is missing"):
-        check_layout(str(tmp_path), 3, gpt2)
+        checkpoint_manager(gpt2).check_layout(str(tmp_path), 3)
     rotary = with_vocab(validated(["--use-rotary-position-embeddings"]))
     with pytest.raises(ConfigError, match=r"the checkpoint's model shape differs from this run's "
                                           r"\(position_embedding_type: saved absolute vs now rotary\)"):
-        check_layout(str(tmp_path), 3, rotary)
+        checkpoint_manager(rotary).check_layout(str(tmp_path), 3)

@@ -1,7 +1,7 @@
 """The LLaMA-style example script trains on the bundled corpus at TP=2 x PP=2 and prints the exact
 count of its variant (derived here by hand); the BLOOM-style one's flags give its count by hand."""
 import pytest
-from test_examples import run_example
+from example_runs import run_example
 
 L, H, HEADS, V = 4, 128, 8, 8192  # both scripts; the bundled vocab is already a multiple of 128 x 2
 

@@ -15,3 +15,10 @@ def load_tool(name):
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def preprocess(tmp_path, *tokenizer_flags):
+    """The bundled corpus through tools/preprocess_data.py with `tokenizer_flags`; the dataset prefix."""
+    load_tool("preprocess_data").main(["--input", os.path.join(ROOT, "data", "corpus.jsonl"), "--output-prefix",
+                                       str(tmp_path / "corpus"), "--append-eod", *map(str, tokenizer_flags)])
+    return str(tmp_path / "corpus_text_document")

@@ -4,7 +4,7 @@ AutoModelForCausalLM.from_pretrained(HF_DIR) and AutoTokenizer.from_pretrained(H
 
     python tools/convert_checkpoint_to_hf.py --load DIR --output HF_DIR [--iteration N]
 
-The TP slices and pipeline stages are merged by megatron/checkpoint_reshard.py (the same reader
+The TP slices and pipeline stages are merged by megatron/checkpoint/reshard.py (the same reader
 that resumes a checkpoint at another layout) by the split rules of the parameter table
 (megatron/model/analytic.py). Each architecture is one entry of ARCHITECTURES:
 `matches(checkpoint)` says whether it applies, `build(checkpoint, weights)` returns the
@@ -24,7 +24,7 @@ from megatron.model.shape import ConfigError, gpt2_variant
 if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
     import torch
 
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.analytic import ParamSpec
     from megatron.model.shape import ModelShape
     Weights = dict[tuple[int, str], torch.Tensor]
@@ -265,7 +265,7 @@ def to_hf(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
 
 # --- tokenizer --------------------------------------------------------------------------------
 
-def _external_tokenizer(checkpoint, args):
+def _external_tokenizer(checkpoint: Any, args: argparse.Namespace) -> tuple[str, str] | None:
     """(type, path) of the Hugging Face / SentencePiece tokenizer the run used, or None."""
     info = checkpoint.model_info
     kind = info.get("tokenizer_type")
@@ -293,7 +293,7 @@ def write_external_tokenizer(kind: str, path: str, output: str) -> int | None:
     return tokenizer.eos_token_id
 
 
-def _tokenizer_files(checkpoint, args):
+def _tokenizer_files(checkpoint: Any, args: argparse.Namespace) -> tuple[str, str] | None:
     """(vocab, merges) paths, or None with the reason printed."""
     info = checkpoint.model_info
     if info.get("tokenizer_type") == "NullTokenizer" and not args.vocab_file:
@@ -310,7 +310,8 @@ def _tokenizer_files(checkpoint, args):
             where = f"{path} (recorded in the checkpoint) does not exist" if path else "the checkpoint records none"
             raise ConfigError(f"{flag}: {where}; pass the GPT-2 BPE file the model was trained with")
         files.append(path)
-    return files
+    vocab, merges = files
+    return vocab, merges
 
 
 def write_tokenizer(vocab_file: str, merge_file: str, output: str, model_max_length: int) -> int | None:
@@ -323,7 +324,8 @@ def write_tokenizer(vocab_file: str, merge_file: str, output: str, model_max_len
         vocab = json.load(f)
     with open(merge_file, encoding="utf-8") as f:
         merges = [tuple(line.split()) for line in f.read().split("\n") if line and not line.startswith("#version")]
-    tokenizer = GPT2Tokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length)
+    # transformers 5 takes the merges as pairs (its annotation still says strings)
+    tokenizer = GPT2Tokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length)  # type: ignore[arg-type]
     tokenizer.save_pretrained(output)
     shutil.copyfile(vocab_file, os.path.join(output, "vocab.json"))
     shutil.copyfile(merge_file, os.path.join(output, "merges.txt"))
@@ -333,7 +335,7 @@ def write_tokenizer(vocab_file: str, merge_file: str, output: str, model_max_len
 # --- main -------------------------------------------------------------------------------------
 
 def convert(args: argparse.Namespace) -> int:
-    from megatron.checkpoint_reshard import Checkpoint
+    from megatron.checkpoint.reshard import Checkpoint
     from megatron.model.analytic import analytic_parameter_counts
 
     # bad input fails first, in a second, before transformers is imported
@@ -345,6 +347,10 @@ def convert(args: argparse.Namespace) -> int:
                           f"has no transformers architecture here "
                           f"({', '.join(name for name, _, _ in ARCHITECTURES)} are dense)")
     checkpoint.check_readable()
+    from megatron.checkpoint.manifest import verify_step
+    problem = verify_step(checkpoint.step_dir)[1]  # a shard altered in place would export garbage
+    if problem:
+        raise ConfigError(problem)
     external = _external_tokenizer(checkpoint, args)
     tokenizer_files = None if external else _tokenizer_files(checkpoint, args)
     import torch

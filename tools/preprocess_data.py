@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,8 @@ def get_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 class Encoder:
     """Tokenizes one input line; built once per worker process."""
+
+    tokenizer: Any = None  # each worker's own, built by `initializer`
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -173,8 +176,8 @@ def tokenize_into(args: argparse.Namespace,
                 f"--input {args.input} has no documents with tokens under key {key!r}; check the file and --json-keys"
             )
     report_progress(lines_done, total_bytes, start, input_bytes)
-    for key, (documents, tokens) in counts.items():
-        print(f"{output_prefix(args, key)}: {documents} documents, {tokens} tokens"
+    for key, (documents, num_tokens) in counts.items():
+        print(f"{output_prefix(args, key)}: {documents} documents, {num_tokens} tokens"
               + (f" ({skipped} invalid lines skipped)" if skipped else ""), file=sys.stderr)
     return {key: tuple(c) for key, c in counts.items()}
 

@@ -47,7 +47,7 @@ class Run:
     parameters: int
     parameters_no_embedding: int
     compute_parameters: int  # the N of C = 6 N D: non-embedding, active ones for MoE
-    seq_length: int
+    seq_length: float  # tokens per sample, as the logged counters give it (an int for a real run)
     train: Curve
     valid: Curve
 

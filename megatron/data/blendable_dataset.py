@@ -34,8 +34,9 @@ class BlendableDataset(torch.utils.data.Dataset):
         )
         for i, dataset in enumerate(datasets):
             needed = np.count_nonzero(self.dataset_index == i)
-            if needed > len(dataset):
-                raise ValueError(f"blended dataset {i} has {len(dataset)} samples but its weight needs {needed}")
+            available = len(dataset)  # type: ignore[arg-type]  # our datasets have a length
+            if needed > available:
+                raise ValueError(f"blended dataset {i} has {available} samples but its weight needs {needed}")
 
     def __len__(self) -> int:
         return self.size

@@ -12,7 +12,7 @@ def build_pretraining_data_loader(
     if dataset is None:
         return None
     batch_sampler = MegatronPretrainingSampler(
-        total_samples=len(dataset),
+        total_samples=len(dataset),  # type: ignore[arg-type]  # our datasets have a length
         consumed_samples=consumed_samples,
         micro_batch_size=micro_batch_size,
         data_parallel_rank=data_parallel_rank,

@@ -54,9 +54,9 @@ def parse_group(text: str, flag: str) -> DatasetGroup:
         parts = entry.split()
         require(len(parts) == 3,
                 f"{flag} {text!r}: {entry.strip()!r} is not 'WEIGHT START:END PATH'; expected {FORMAT}")
-        weight, span, path = parts
+        weight_text, span, path = parts
         try:
-            weight = float(weight)
+            weight = float(weight_text)
             start, end = (float(v) for v in span.split(":"))
         except ValueError:
             raise ConfigError(f"{flag} {text!r}: {entry.strip()!r} is not 'WEIGHT START:END PATH' with numbers; "

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import NamedTuple
 
-from megatron.model.analytic import stage_parameters
+from megatron.model.analytic import layers_per_stage, stage_parameters
 from megatron.model.shape import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -286,7 +286,7 @@ def activation_bytes(shape: ModelShape, setup: TrainingSetup, stage: int) -> tup
     others' activations are freed."""
     pp = shape.pipeline_model_parallel_size
     b = setup.micro_batch_size
-    layers = shape.layers_per_stage()[stage]
+    layers = layers_per_stage(shape)[stage]
     embedding = _embedding_activation_bytes(shape, setup, b) if stage == 0 else 0
     head = _head_activation_bytes(shape, setup, b) if stage == pp - 1 else 0
     per_layer = layer_activation_bytes(shape, setup, b)

@@ -65,7 +65,7 @@ def _tensors_in(value, depth=0):
 
 def weight_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
     for p in model.parameters():
-        yield getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p
+        yield p.ds_tensor if hasattr(p, "ds_tensor") else p  # type: ignore[attr-defined]  # ZeRO-3's partition
         if hasattr(p, "ds_tensor") and p.numel() > 0:
             yield p  # ZeRO 3: a persistent (small) parameter stays whole as well
 

@@ -50,12 +50,12 @@ def optimizer_state_norms(engine: DeepSpeedEngine, mpu: ModuleType) -> dict[str,
     for group in groups:
         dist.all_reduce(sums, group=group)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
-    sums, maxes = sums.cpu().tolist(), maxes.cpu().tolist()
-    if not maxes[4]:
+    summed, maxed = sums.cpu().tolist(), maxes.cpu().tolist()
+    if not maxed[4]:
         return {}
-    out = {f"{name}_l2": math.sqrt(sums[i]) for i, name in enumerate(NAMES)}
-    out.update({f"{name}_l1": sums[4 + i] for i, name in enumerate(NAMES)})
-    out.update({f"{name}_abs_max": maxes[i] for i, name in enumerate(NAMES)})
+    out = {f"{name}_l2": math.sqrt(summed[i]) for i, name in enumerate(NAMES)}
+    out.update({f"{name}_l1": summed[4 + i] for i, name in enumerate(NAMES)})
+    out.update({f"{name}_abs_max": maxed[i] for i, name in enumerate(NAMES)})
     return out
 
 

@@ -1,9 +1,11 @@
 """What a ModelShape builds, from the shape alone (torch-free): every parameter tensor with its
 full shape, TP split rule, module names and pipeline placement (the parameter table), the exact
-counts that follow from it, and the FLOPs formula.
+counts that follow from it, and the FLOPs formula. The pipeline placement weighs the pipe's layers
+(ModelShape.pipe_layers, in order) by parameters and FLOPs (`pipe_items`) and splits them with the
+rules of megatron/model/partition.py (`stage_parts`).
 
 The table is the one description of the parameters: the build-time matcher (megatron/utils.py),
-resharding (megatron/checkpoint_reshard.py) and the transformers export
+resharding (megatron/checkpoint/reshard.py) and the transformers export
 (tools/convert_checkpoint_to_hf.py) find a parameter by the names `entries_by_name` gives and
 cut, merge or unfuse it by its entry's split rule (`SPLIT_DIMS`, `block`, `fused_parts`).
 
@@ -16,7 +18,8 @@ from math import prod
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from megatron.model.shape import ModelShape
+from .partition import TRANSFORMER_ITEM, PipeItem, split_items
+from .shape import ModelShape, PipeLayer
 
 COMPONENTS = ("word_embeddings", "position_embeddings", "embedding_layernorm", "attention", "mlp", "layernorm",
               "output_layer", "experts", "router")
@@ -200,15 +203,28 @@ def mlp_forward_flops(shape: ModelShape) -> list[int]:
     return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else mlp for e in shape.experts_per_layer()]
 
 
+def pipe_layer_specs(shape: ModelShape, item: PipeLayer) -> list[ParamSpec]:
+    """The parameters one built copy of a GPTModelPipe layer (ModelShape.pipe_layers) holds: every
+    expert of an MoE layer; the tied output copy is the whole embedding module (no embedding
+    LayerNorm: the last stage never runs it)."""
+    if item.kind == "embedding":
+        return _embedding_specs(shape, 0)
+    if item.kind == "transformer":
+        return _transformer_layer_or_moe_specs(shape, item.layer)
+    if item.kind == "norm":
+        return _norm_specs(item.layer, "", shape.hidden_size, shape.normalization)
+    if item.kind == "tied_output":
+        return _embedding_specs(shape, item.layer, first_stage=False)
+    if item.kind == "output":
+        return _output_layer_specs(shape, item.layer)
+    return []  # the MoE loss function
+
+
 def parameter_table(shape: ModelShape) -> list[ParamSpec]:
-    """Every parameter of the model once (a tied output layer is the word embedding)."""
-    specs = _embedding_specs(shape, 0)
-    for i in range(shape.num_layers):
-        specs += _transformer_layer_or_moe_specs(shape, i + 1)
-    specs += _norm_specs(shape.num_layers + 1, "", shape.hidden_size, shape.normalization)
-    if not shape.tied:
-        specs += _output_layer_specs(shape, shape.num_layers + 2)
-    return specs
+    """Every parameter of the model once, in the pipe's layer order (a tied output layer is the
+    word embedding: its copy is not listed again)."""
+    return [spec for item in shape.pipe_layers() if item.kind != "tied_output"
+            for spec in pipe_layer_specs(shape, item)]
 
 
 # --- names and fused parts: how resharding, the export and the build-time matcher read the table ---
@@ -255,12 +271,53 @@ def fused_parts(spec: ParamSpec, shape: ModelShape, full: Any) -> dict[str, Any]
     return {"": full}
 
 
+# --- the pipeline split (the rules: megatron/model/partition.py) ------------------------------
+
+@lru_cache(maxsize=64)
+def pipe_items(shape: ModelShape) -> tuple[PipeItem, ...]:
+    """GPTModelPipe's layer specs in order, as DeepSpeed sees them, weighed for the split: the
+    parameters one rank builds (TP-local, EP rank 0's experts; DeepSpeed builds the tied copy as a
+    whole EmbeddingPipe) and forward + backward FLOPs (a tuple: cached per shape)."""
+    tp, layer_flops, logits = shape.tensor_model_parallel_size, layer_forward_flops(shape), logits_forward_flops(shape)
+
+    def flops(item: PipeLayer) -> int:
+        if item.kind == "transformer":
+            return 3 * layer_flops[item.layer - 1]
+        return 3 * logits if item.kind in ("tied_output", "output") else 0
+
+    return tuple(PipeItem(item.name, item.layer, sum(spec.local_numel(tp) for spec in pipe_layer_specs(shape, item)
+                                                     if held_by_expert_parallel_rank(shape, spec, 0)), flops(item))
+                 for item in shape.pipe_layers())
+
+
+@lru_cache(maxsize=64)
+def stage_parts(shape: ModelShape) -> tuple[int, ...]:
+    """The P + 1 item boundaries of the shape's pipeline split (--pp-partition-method)."""
+    return split_items(pipe_items(shape), shape.pipeline_model_parallel_size, shape.pp_partition_method)
+
+
+def stage_items(shape: ModelShape) -> list[list[PipeItem]]:
+    """[[PipeItem]] per stage."""
+    items, parts = pipe_items(shape), stage_parts(shape)
+    return [list(items[parts[p]:parts[p + 1]]) for p in range(len(parts) - 1)]
+
+
+def layers_per_stage(shape: ModelShape) -> list[int]:
+    """Transformer layers per pipeline stage under the shape's split."""
+    return [sum(item.name == TRANSFORMER_ITEM for item in items) for items in stage_items(shape)]
+
+
+@lru_cache(maxsize=64)
+def _stage_of_item_layer(shape: ModelShape) -> dict[int, int]:
+    """{table layer index: stage} for every item with parameters (cached: the table asks per tensor)."""
+    return {item.layer: stage for stage, held in enumerate(stage_items(shape)) for item in held
+            if item.layer is not None}
+
+
 def stage_of_layer(shape: ModelShape, layer: int) -> int:
-    """Pipeline stage holding GPTModelPipe layer `layer` under the shape's split
-    (megatron/model/partition.py; the embedding is always on the first stage, the output layer on
-    the last)."""
-    from .partition import stage_of_item_layer  # partition.py reads this module's table
-    return stage_of_item_layer(shape)[layer]
+    """Pipeline stage holding GPTModelPipe layer `layer` under the shape's split (the embedding is
+    always on the first stage, the output layer on the last)."""
+    return _stage_of_item_layer(shape)[layer]
 
 
 def stage_parameters(shape: ModelShape, stage: int) -> list[tuple[ParamSpec, bool]]:
@@ -314,7 +371,7 @@ def analytic_parameter_counts(shape: ModelShape) -> ParameterCounts:
         components[spec.component] += prod(spec.shape)
     tp = shape.tensor_model_parallel_size
     stages = []
-    for stage, layers in enumerate(shape.layers_per_stage()):
+    for stage, layers in enumerate(layers_per_stage(shape)):
         held = stage_parameters(shape, stage)
         # owned: every parameter of the stage once (the table's), all TP and EP ranks together
         owned = sum(prod(spec.shape) for spec in parameter_table(shape) if stage_of_layer(shape, spec.layer) == stage)
@@ -332,8 +389,9 @@ def recomputed_layers(shape: ModelShape, method: str | None, num_layers: int) ->
         return []
     if method == "uniform":
         return list(range(shape.num_layers))
-    layers, first = [], 0
-    for stage_layers in shape.layers_per_stage():
+    layers: list[int] = []
+    first = 0
+    for stage_layers in layers_per_stage(shape):
         layers += range(first, first + min(num_layers, stage_layers))
         first += stage_layers
     return layers

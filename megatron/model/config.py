@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .moe import MoEOptions
+from .moe.options import MoEOptions
 from .shape import ModelShape
 
 

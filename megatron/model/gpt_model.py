@@ -19,11 +19,13 @@ from torch import nn
 
 from megatron.deepspeed_internals import set_random_seed, set_stage_bounds, stop_reseeding_layers
 
+from .analytic import stage_parts
 from .config import GPTConfig
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
 from .layer_norm import norm_class
 from .moe.aux_loss import collect_aux_losses, record_moe_loss
-from .partition import DEFAULT_METHOD, FLOPS_METHOD, stage_parts
+from .partition import DEFAULT_METHOD, FLOPS_METHOD
+from .shape import PipeLayer
 from .transformer import ParallelTransformer, ParallelTransformerLayerPipe, checkpoint_chunks, checkpointed, run_layers
 
 
@@ -103,6 +105,29 @@ def take(hidden_states: torch.Tensor) -> torch.Tensor:
 TIED_BROADCAST_WARNING = r"c10d::broadcast_: an autograd kernel was not registered to the Autograd key"
 
 
+def _pipe_layer_spec(config: GPTConfig, item: PipeLayer) -> Any:
+    """DeepSpeed's spec (or function) for one entry of ModelShape.pipe_layers."""
+    shape = config.shape
+    if item.kind == "embedding":
+        if shape.tied:
+            return TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings_weight")
+        return LayerSpec(EmbeddingPipe, config)
+    if item.kind == "transformer":
+        return LayerSpec(ParallelTransformerLayerPipe, config, layer_number=item.layer)
+    if item.kind == "moe_loss":
+        return take
+    if item.kind == "norm":
+        return LayerSpec(norm_class(shape.normalization), shape.hidden_size, eps=config.layernorm_epsilon)
+    if item.kind == "tied_output":
+        return TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
+                             tied_weight_attr="word_embeddings_weight")
+    return LayerSpec(OutputLayer, config)
+
+
+def _built_name(spec: Any) -> str:
+    return spec.typename.__name__ if isinstance(spec, LayerSpec) else spec.__name__
+
+
 def _seed_layer(seed):
     # DeepSpeed's type: partitioning yields numpy layer indices; `random.seed` wants an int
     set_random_seed(int(seed))
@@ -116,19 +141,12 @@ class GPTModelPipe(PipelineModule):
 
     def __init__(self, config: GPTConfig, topology: Any, seed: int = 1234) -> None:  # DeepSpeed's ProcessTopology
         shape = config.shape
-        if shape.tied:
-            specs = [TiedLayerSpec("embed", EmbeddingPipe, config, tied_weight_attr="word_embeddings_weight")]
-        else:
-            specs = [LayerSpec(EmbeddingPipe, config)]
-        specs += [LayerSpec(ParallelTransformerLayerPipe, config, layer_number=i + 1) for i in range(shape.num_layers)]
-        if shape.is_moe:
-            specs.append(take)
-        specs.append(LayerSpec(norm_class(shape.normalization), shape.hidden_size, eps=config.layernorm_epsilon))
-        if shape.tied:
-            specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
-                                       tied_weight_attr="word_embeddings_weight"))
-        else:
-            specs.append(LayerSpec(OutputLayer, config))
+        order = shape.pipe_layers()
+        specs = [_pipe_layer_spec(config, item) for item in order]
+        # DeepSpeed's type:REGEX split matches these names; the analytic split matches the order's
+        built = [_built_name(spec) for spec in specs]
+        if built != [item.name for item in order]:
+            raise RuntimeError(f"GPTModelPipe builds {built}, ModelShape.pipe_layers describes {list(order)}")
         # the analytic split (partition.py; type:transformer by default) for the topology's stages
         self._parts = stage_parts(dataclasses.replace(shape, pipeline_model_parallel_size=topology.get_dim("pipe")))
         method = shape.pp_partition_method or DEFAULT_METHOD

@@ -2,16 +2,13 @@
 built by the same class, every expert of an MoE layer (megatron/model/moe/layer.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
 
-if TYPE_CHECKING:  # config.py imports the MoE options, whose package builds experts from this class
-    from .config import GPTConfig
+from .config import GPTConfig
 
 GLU_ACTIVATION_FUNCTIONS = {"geglu": F.gelu, "liglu": lambda x: x, "reglu": F.relu, "swiglu": F.silu}
 

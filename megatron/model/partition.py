@@ -1,9 +1,11 @@
-"""Which pipeline stage holds which of GPTModelPipe's layers (torch-free).
+"""The rules that split GPTModelPipe's layers into pipeline stages (torch-free, shape-free).
 
 GPTModelPipe hands DeepSpeed's PipelineModule one list of layer specs ("items"): the embedding,
 the L transformer layers, (an MoE model: the function that keeps the moe loss), the final norm and
-the output layer (the tied embedding copy, or the untied OutputLayer). A split is P + 1 item
-boundaries `parts`: stage p holds items parts[p] .. parts[p + 1] - 1, as DeepSpeed's `parts`.
+the output layer (the tied embedding copy, or the untied OutputLayer) -- in the order
+ModelShape.pipe_layers describes. megatron/model/analytic.py weighs the items (pipe_items) and
+asks `split_items` for the shape's split (stage_parts). A split is P + 1 item boundaries `parts`:
+stage p holds items parts[p] .. parts[p + 1] - 1, as DeepSpeed's `parts`.
 
 --pp-partition-method:
   (default) type:transformer
@@ -27,86 +29,36 @@ memory (the startup report shows, when the two differ, the predicted speed-up an
 """
 import re
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
 from typing import NamedTuple
 
-from .analytic import (
-    ParamSpec,
-    _embedding_specs,
-    _norm_specs,
-    _output_layer_specs,
-    _transformer_layer_or_moe_specs,
-    held_by_expert_parallel_rank,
-    layer_forward_flops,
-    logits_forward_flops,
-)
-from .shape import ModelShape
+from .shape import DEEPSPEED_METHODS, DEFAULT_METHOD, FLOPS_METHOD, TRANSFORMER_ITEM
 
-DEFAULT_METHOD = "type:transformer"  # what an absent --pp-partition-method means (both forks)
-FLOPS_METHOD = "flops"  # ours: balanced by cost
-DEEPSPEED_METHODS = ("uniform", "parameters", "type:REGEX")
-TRANSFORMER_ITEM = "ParallelTransformerLayerPipe"
+__all__ = ["DEEPSPEED_METHODS", "DEFAULT_METHOD", "FLOPS_METHOD", "TRANSFORMER_ITEM", "PipeItem", "describe_stage",
+           "split_items"]
 
 
 class PipeItem(NamedTuple):
     name: str          # the class (function) name DeepSpeed's type:REGEX matches
     layer: int | None  # the parameter table's layer index (None: the MoE loss function, no parameters)
     params: int        # parameters one rank builds for it (TP-local, its EP rank's experts), as DeepSpeed counts
-    flops: int         # model FLOPs per sample, forward + backward (no recompute: see stage_parts)
+    flops: int         # model FLOPs per sample, forward + backward (no recompute: see split_items)
 
 
-def _local(specs: Iterable[ParamSpec], shape: ModelShape) -> int:
-    tp = shape.tensor_model_parallel_size
-    return sum(spec.local_numel(tp) for spec in specs if held_by_expert_parallel_rank(shape, spec, 0))
-
-
-@lru_cache(maxsize=64)
-def pipe_items(shape: ModelShape) -> tuple[PipeItem, ...]:
-    """GPTModelPipe's layer specs in order, as DeepSpeed sees them (a tuple: cached per shape)."""
-    L = shape.num_layers
-    # DeepSpeed builds the tied copy as a whole EmbeddingPipe (word and position tables)
-    embedding = _local(_embedding_specs(shape, 0), shape)
-    items = [PipeItem("EmbeddingPipe", 0, embedding, 0)]
-    items += [PipeItem(TRANSFORMER_ITEM, i + 1, _local(_transformer_layer_or_moe_specs(shape, i + 1), shape),
-                       3 * flops) for i, flops in enumerate(layer_forward_flops(shape))]
-    if shape.is_moe:
-        items.append(PipeItem("take", None, 0, 0))  # gpt_model.take
-    norm = "RMSNorm" if shape.normalization == "rmsnorm" else "LayerNorm"
-    norm_params = _local(_norm_specs(L + 1, "", shape.hidden_size, shape.normalization), shape)
-    items.append(PipeItem(norm, L + 1, norm_params, 0))
-    logits = 3 * logits_forward_flops(shape)
-    if shape.tied:
-        items.append(PipeItem("EmbeddingPipe", L + 2, _local(_embedding_specs(shape, L + 2, first_stage=False), shape),
-                              logits))
-    else:
-        items.append(PipeItem("OutputLayer", L + 2, _local(_output_layer_specs(shape, L + 2), shape), logits))
-    return tuple(items)
-
-
-def method_error(method: str | None, shape: ModelShape) -> str | None:
-    """One line naming --pp-partition-method and the fix, or None when the method applies."""
-    choices = f"use {DEFAULT_METHOD} (the default), {FLOPS_METHOD}, {', '.join(DEEPSPEED_METHODS)}"
-    if method is None or method.lower() in (FLOPS_METHOD, "uniform"):
-        return None
+def split_items(items: Sequence[PipeItem], parts: int, method: str | None) -> tuple[int, ...]:
+    """The parts + 1 item boundaries that `method` (see the module docstring; None: the default) gives.
+    The cost-balanced split uses model FLOPs without activation recompute, so it is a property of
+    the model and layout alone: a checkpoint resumes with or without --checkpoint-activations."""
+    method = method or DEFAULT_METHOD
     lower = method.lower()
+    if lower == FLOPS_METHOD:
+        return tuple(_flops_balanced(items, parts))
+    if lower == "uniform":
+        return tuple(_uniform(len(items), parts))
     if lower == "parameters":
-        if shape.embed_layernorm and shape.pipeline_model_parallel_size > 1:
-            # DeepSpeed counts each layer on every rank, and only first-stage ranks build the
-            # embedding LayerNorm: the ranks would disagree on the split
-            return ("--pp-partition-method parameters with --embed-layernorm at PP > 1 splits differently on "
-                    "different stages in DeepSpeed; use flops or type:transformer|embedding")
-        return None
-    if lower.startswith("type:"):
-        pattern = method.split(":")[1]
-        try:
-            regex = re.compile(pattern, re.IGNORECASE)
-        except re.error as e:
-            return f"--pp-partition-method {method}: not a regular expression ({e})"
-        if not any(regex.search(item.name) for item in pipe_items(shape)):
-            names = sorted({item.name for item in pipe_items(shape)})
-            return f"--pp-partition-method {method} matches none of the layers ({', '.join(names)}); {choices}"
-        return None
-    return f"--pp-partition-method {method} is unknown; {choices}"
+        return tuple(_spread_balanced([item.params for item in items], parts))
+    # "type:REGEX": ModelShape checked the method
+    regex = re.compile(method.split(":")[1], re.IGNORECASE)
+    return tuple(_spread_balanced([1 if regex.search(item.name) else 0 for item in items], parts))
 
 
 # --- DeepSpeed's rules (deepspeed/runtime/utils.py partition_uniform / partition_balanced) -----
@@ -182,36 +134,6 @@ def _flops_balanced(items: Sequence[PipeItem], parts: int) -> list[int]:
     # among the splits with that bottleneck, the one with the smallest largest stage in parameters
     # (the weights, gradients and optimizer state a stage's ranks hold grow with them)
     return _min_max([item.params for item in items], parts, cap=(flops, bottleneck))[1]
-
-
-@lru_cache(maxsize=64)
-def stage_parts(shape: ModelShape) -> tuple[int, ...]:
-    """The P + 1 item boundaries of the shape's pipeline split (see the module docstring). The
-    cost-balanced split uses model FLOPs without activation recompute, so it is a property of the
-    model and layout alone: a checkpoint resumes with or without --checkpoint-activations."""
-    items, parts = pipe_items(shape), shape.pipeline_model_parallel_size
-    method = (shape.pp_partition_method or DEFAULT_METHOD).lower()
-    if method == FLOPS_METHOD:
-        return tuple(_flops_balanced(items, parts))
-    if method == "uniform":
-        return tuple(_uniform(len(items), parts))
-    if method == "parameters":
-        return tuple(_spread_balanced([item.params for item in items], parts))
-    regex = re.compile((shape.pp_partition_method or DEFAULT_METHOD).split(":")[1], re.IGNORECASE)
-    return tuple(_spread_balanced([1 if regex.search(item.name) else 0 for item in items], parts))
-
-
-def stage_items(shape: ModelShape) -> list[list[PipeItem]]:
-    """[[PipeItem]] per stage."""
-    items, parts = pipe_items(shape), stage_parts(shape)
-    return [list(items[parts[p]:parts[p + 1]]) for p in range(len(parts) - 1)]
-
-
-@lru_cache(maxsize=64)
-def stage_of_item_layer(shape: ModelShape) -> dict[int, int]:
-    """{table layer index: stage} for every item with parameters (cached: the table asks per tensor)."""
-    return {item.layer: stage for stage, held in enumerate(stage_items(shape)) for item in held
-            if item.layer is not None}
 
 
 def describe_stage(items: Iterable[PipeItem], num_layers: int) -> str:

@@ -3,8 +3,10 @@ padded vocab), of its architecture variant, and of the rules that make a shape b
 TP x PP layout. Torch-free: the trainer's
 arguments, the model, the parameter count, the FLOPs formula and tools/param_count.py all read
 a ModelShape, so no default or divisibility rule is written twice."""
+import re
 from argparse import Namespace
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class ConfigError(ValueError):
@@ -61,6 +63,20 @@ def swiglu_ffn_hidden_size(hidden_size: int) -> int:
     of 4h (the GLU has a third matrix), rounded down to a multiple of 64. Integer arithmetic
     gives the same floor: 8h/3 is never within rounding error of a multiple of 64 unless it is one."""
     return (8 * hidden_size) // (3 * 64) * 64
+
+
+# --pp-partition-method: ours (balanced by FLOPs) and DeepSpeed's (megatron/model/partition.py)
+DEFAULT_METHOD = "type:transformer"  # what an absent --pp-partition-method means (both forks)
+FLOPS_METHOD = "flops"  # ours: balanced by cost
+DEEPSPEED_METHODS = ("uniform", "parameters", "type:REGEX")
+TRANSFORMER_ITEM = "ParallelTransformerLayerPipe"
+
+
+class PipeLayer(NamedTuple):
+    """One entry of GPTModelPipe's layer list (ModelShape.pipe_layers)."""
+    name: str          # the class (function) name DeepSpeed's type:REGEX matches
+    kind: str          # embedding, transformer, moe_loss, norm, tied_output or output
+    layer: int | None  # the parameter table's layer index (None: the MoE loss function, no parameters)
 
 
 @dataclass(frozen=True)
@@ -167,9 +183,35 @@ class ModelShape:
                 f"{self.max_position_embeddings}: raise --max-position-embeddings or shorten the sequence")
         self._validate_moe()
         if self.vocab_size is not None:  # the split weighs the output layer: known once the vocab is
-            from .partition import method_error
-            error = method_error(self.pp_partition_method, self)
+            error = self._partition_method_error()
             require(error is None, error)
+
+    def _partition_method_error(self) -> str | None:
+        """One line naming --pp-partition-method and the fix, or None when the method applies
+        (the methods: megatron/model/partition.py)."""
+        method = self.pp_partition_method
+        choices = f"use {DEFAULT_METHOD} (the default), {FLOPS_METHOD}, {', '.join(DEEPSPEED_METHODS)}"
+        if method is None or method.lower() in (FLOPS_METHOD, "uniform"):
+            return None
+        lower = method.lower()
+        if lower == "parameters":
+            if self.embed_layernorm and self.pipeline_model_parallel_size > 1:
+                # DeepSpeed counts each layer on every rank, and only first-stage ranks build the
+                # embedding LayerNorm: the ranks would disagree on the split
+                return ("--pp-partition-method parameters with --embed-layernorm at PP > 1 splits differently on "
+                        "different stages in DeepSpeed; use flops or type:transformer|embedding")
+            return None
+        if lower.startswith("type:"):
+            pattern = method.split(":")[1]
+            try:
+                regex = re.compile(pattern, re.IGNORECASE)
+            except re.error as e:
+                return f"--pp-partition-method {method}: not a regular expression ({e})"
+            names = sorted({layer.name for layer in self.pipe_layers()})
+            if not any(regex.search(name) for name in names):
+                return f"--pp-partition-method {method} matches none of the layers ({', '.join(names)}); {choices}"
+            return None
+        return f"--pp-partition-method {method} is unknown; {choices}"
 
     def _validate_pad_vocab(self):
         """BigScience's rule (its tokenizer.py) plus the TP split that VocabParallelEmbedding needs."""
@@ -263,10 +305,21 @@ class ModelShape:
     def tied(self) -> bool:
         return not self.untie_embeddings_and_output_weights
 
-    def layers_per_stage(self) -> list[int]:
-        """Transformer layers per pipeline stage under the shape's split (partition.py)."""
-        from .partition import TRANSFORMER_ITEM, stage_items
-        return [sum(item.name == TRANSFORMER_ITEM for item in items) for items in stage_items(self)]
+    def pipe_layers(self) -> tuple["PipeLayer", ...]:
+        """GPTModelPipe's layer list in order, the one description of it: GPTModelPipe builds one
+        DeepSpeed layer spec per entry, the analytic side (megatron/model/analytic.py: pipe_items)
+        weighs each for the pipeline split. 0: the embedding, 1..L: the transformer layers, (an MoE
+        model: `take`, no parameters), L+1: the final norm, L+2: the output layer (the tied copy of
+        the embedding module, or the untied OutputLayer). `layer` is the parameter table's index."""
+        L = self.num_layers
+        layers = [PipeLayer("EmbeddingPipe", "embedding", 0)]
+        layers += [PipeLayer(TRANSFORMER_ITEM, "transformer", i) for i in range(1, L + 1)]
+        if self.is_moe:
+            layers.append(PipeLayer("take", "moe_loss", None))  # gpt_model.take
+        layers.append(PipeLayer("RMSNorm" if self.normalization == "rmsnorm" else "LayerNorm", "norm", L + 1))
+        layers.append(PipeLayer("EmbeddingPipe", "tied_output", L + 2) if self.tied
+                      else PipeLayer("OutputLayer", "output", L + 2))
+        return tuple(layers)
 
     def variant(self) -> dict:
         """What, besides the sizes, decides which tensors the model has (checkpoint layouts)."""

@@ -5,7 +5,7 @@ QKV (multi-head, grouped- or multi-query), row-parallel output projections, GeLU
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -137,13 +137,13 @@ class ParallelTransformerLayer(nn.Module):
 Layer = Callable[[torch.Tensor], torch.Tensor]
 
 
-def run_layers(layers: Sequence[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
+def run_layers(layers: Iterable[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
     for layer in layers:
         hidden_states = layer(hidden_states)
     return hidden_states
 
 
-def checkpointed(layers: Sequence[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
+def checkpointed(layers: Iterable[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
     """run_layers, recomputed in backward."""
     return mpu.checkpoint(lambda x: run_layers(layers, x), hidden_states)
 

@@ -21,9 +21,10 @@ from .parallel_state import get_tensor_model_parallel_rank, get_tensor_model_par
 
 
 def set_tensor_model_parallel_attributes(param: torch.Tensor, partition_dim: int) -> None:
-    param.tensor_model_parallel = True
-    param.partition_dim = partition_dim
-    param.partition_stride = 1
+    # Megatron's tags on the tensor itself: DeepSpeed, the count and checkpoints read them
+    param.tensor_model_parallel = True  # type: ignore[attr-defined]
+    param.partition_dim = partition_dim  # type: ignore[attr-defined]
+    param.partition_stride = 1  # type: ignore[attr-defined]
 
 
 def _sliced_parameter(full_shape: tuple[int, ...], partition_dim: int, init_method: Callable[[torch.Tensor], Any],

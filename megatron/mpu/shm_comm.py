@@ -51,7 +51,7 @@ class SharedMemoryGroup:
         total = flags + 2 * self.size * slot_bytes
         # rank 0 names the data file and one FIFO per rank (its wake-up line); everyone opens all,
         # then rank 0 unlinks them: open descriptors and the mapping outlive the names
-        names = [None]
+        names: list = [None]
         if self.rank == 0:
             base = os.path.join("/dev/shm", f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}")
             names = [[base] + [f"{base}.wake{r}" for r in range(self.size)]]

@@ -164,7 +164,7 @@ def _config_tokens_missing(path: str, tokenizer: Any) -> set[str]:
     named = {k: config.get(k) for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                                         "cls_token", "mask_token", "additional_special_tokens")}
     extra = _token_list(config.get("extra_special_tokens"))  # a list, or (transformers 5) a dict
-    added = []
+    added: list = []
     if "added_tokens_decoder" in config:
         added = list(config["added_tokens_decoder"].values())
     else:  # the legacy files, read only when the config carries no added_tokens_decoder

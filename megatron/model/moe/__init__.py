@@ -16,8 +16,9 @@ slot, as Megatron-DeepSpeed builds it (`--num-experts`, `--expert-interval`, `--
 """
 from .checkpoint_writer import every_tp_rank_writes_its_files
 from .groups import attach_expert_groups, create_expert_groups, mpu_ep_rank_first_expert
-from .layer import MoEMLP
 from .options import MoEOptions
 
-__all__ = ["MoEMLP", "MoEOptions", "attach_expert_groups", "create_expert_groups", "every_tp_rank_writes_its_files",
+# MoEMLP (layer.py) is imported from its module: it builds experts from the dense MLP, which reads
+# the model config, and the config imports MoEOptions from this package
+__all__ = ["MoEOptions", "attach_expert_groups", "create_expert_groups", "every_tp_rank_writes_its_files",
            "mpu_ep_rank_first_expert"]

@@ -2,17 +2,13 @@
 its experts built by the dense layer's MLP class, its load-balancing loss attached to its output."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from deepspeed.moe.layer import MoE
 
+from ..config import GPTConfig
 from ..mlp import ParallelMLP
 from .aux_loss import attach_aux_loss
 from .groups import mpu_ep_rank_first_expert
-
-if TYPE_CHECKING:  # config.py imports this package (MoEOptions)
-    from ..config import GPTConfig
 
 
 def _expert(config: GPTConfig) -> ParallelMLP:

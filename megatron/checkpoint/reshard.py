@@ -1,7 +1,6 @@
 """A saved checkpoint as full (TP=1) tensors, whatever its TP x PP layout, and the cut of full
 tensors for one (TP rank, pipeline stage) of another layout. tools/convert_checkpoint_to_hf.py
-and resuming at another layout (megatron/checkpointing.py -> megatron/resume_reshard.py) both
-read checkpoints through this module.
+and resuming at another layout (manager.py -> resume.py) both read checkpoints through this module.
 
 Every tensor is keyed by the parameter table (megatron/model/analytic.py): (layer, key) = the
 GPTModelPipe layer index and the name inside that layer, with the full shape and the TP split
@@ -14,20 +13,27 @@ What DeepSpeed writes to DIR/global_stepN (only data-parallel rank 0 writes, exc
                                                           parallel rank MM = stage x TP + TP rank
   --no-pipeline-parallel  mp_rank_TT_model_states.pt      all of the above, the module under "module"
   fp16 / bf16 / ZeRO 1-2  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  the fp32 masters and Adam state
-                          of DP rank D, flat (every DP rank writes its own; checkpoint_zero_state.py)
+                          of DP rank D, flat (every DP rank writes its own; zero_state.py)
 plus ours: megatron_layout.json (shape + layout) and megatron_model.json (numerics, tokenizer), see
-megatron/checkpoint_layout.py.
+layout.py.
 Torch only: no DeepSpeed, no transformers. Reading never writes anything.
 """
 import os
-import re
-import zipfile
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from megatron.checkpoint_layout import TRACKER, CheckpointLayout, read_layout, read_model_info, read_tracker, step_dir
+from megatron.checkpoint.layout import (
+    TRACKER,
+    CheckpointLayout,
+    read_layout,
+    read_model_info,
+    read_tracker,
+    require_step_dir,
+)
+from megatron.checkpoint.shards import check_shard, load_shard
+from megatron.checkpoint.zero_state import read_flat_state, zero_files
 from megatron.model.analytic import ParamSpec, parameter_table, stage_of_layer, table_entry
 from megatron.model.shape import ConfigError, ModelShape
 
@@ -70,17 +76,6 @@ def tp_cut(full: torch.Tensor, spec: ParamSpec, tp: int, tp_rank: int) -> torch.
     return full.chunk(tp, dim=dim)[tp_rank]
 
 
-def _load(path):
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: checkpoint shard is missing; the checkpoint is incomplete")
-    try:
-        # our own client state holds numpy RNG states: not loadable with weights_only
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # truncated / corrupt file: one line, not a pickle traceback
-        raise ConfigError(f"{path}: checkpoint shard is unreadable ({type(e).__name__}); "
-                          f"the checkpoint is incomplete or corrupt") from None
-
-
 class Checkpoint:
     """One saved iteration of DIR (the tracker's, or `iteration`)."""
 
@@ -95,12 +90,7 @@ class Checkpoint:
                 raise ConfigError(f"{where}: not a checkpoint directory of this trainer "
                                   f"({os.path.join(load_dir, TRACKER)} is missing)")
         self.iteration = iteration
-        self.step_dir = step_dir(load_dir, iteration)
-        if not os.path.isdir(self.step_dir):
-            saved = sorted(int(m.group(1)) for m in map(re.compile(r"global_step(\d+)$").match, os.listdir(load_dir))
-                           if m)
-            raise ConfigError(f"{where}: {self.step_dir} does not exist (saved iterations: "
-                              f"{', '.join(map(str, saved)) or 'none'})")
+        self.step_dir = require_step_dir(load_dir, iteration, where)
         self.layout: CheckpointLayout = read_layout(self.step_dir, where)
         self.model_info: dict = read_model_info(self.step_dir)
         self.tp = self.layout.tensor_model_parallel_size
@@ -128,35 +118,44 @@ class Checkpoint:
         return files
 
     def check_readable(self, layers: Iterable[int] | None = None) -> None:
-        """Every shard exists and its zip directory (at the end of the file) reads: a missing or
-        truncated shard fails here, before anything is built, naming the file."""
+        """Every shard exists and its zip directory (at the end of the file) reads, ZeRO's DP-rank
+        files too, and no other DP rank's file lies beside them: a missing or truncated shard fails
+        here, before anything is built, naming the file (a dense model's files; an MoE model's are
+        left to the manifest)."""
         for path in self.shard_files(layers):
-            if not os.path.isfile(path):
-                raise ConfigError(f"{path}: checkpoint shard is missing; the checkpoint is incomplete")
-            try:
-                zipfile.ZipFile(path).close()
-            except (zipfile.BadZipFile, OSError) as e:
-                raise ConfigError(f"{path}: checkpoint shard is unreadable ({type(e).__name__}); "
-                                  f"the checkpoint is incomplete or corrupt") from None
+            check_shard(path)
+        setup = self.saved_setup()
+        if setup["form"] != "flat":
+            return
+        stages = {stage_of_layer(self.shape, l) for l in self._layers(layers)}
+        for mp_rank in sorted(stage * self.tp + t for stage in stages for t in range(self.tp)):
+            saved = zero_files(self.step_dir, mp_rank, setup["dp"])
+            for path in saved:
+                check_shard(path)
+            # DeepSpeed's own reader takes every DP rank's file it finds
+            extra = [path for path in zero_files(self.step_dir, mp_rank) if path not in saved]
+            if extra:
+                raise ConfigError(f"{extra[0]}: not part of this checkpoint, which was saved at DP={setup['dp']} (a "
+                                  f"leftover of a crashed save at another DP size); remove it")
 
-    def _layers(self, layers):
+    def _layers(self, layers: Iterable[int] | None) -> set[int]:
         return {s.layer for s in self.specs.values()} if layers is None else set(layers)
 
     # --- reading ------------------------------------------------------------------------------
     def client_state(self) -> dict:
         """mp_rank_00's client state (iteration, consumed samples, LR schedule, ...), without
         the optimizer and module."""
-        state = _load(self._mp_file(0, 0))
+        state = load_shard(self._mp_file(0, 0))
         return {k: v for k, v in state.items() if k not in ("optimizer", "module")}
 
     def _local_weights(self, layer, tp_rank, mp_states):
         """{key: tensor} of one layer on one TP rank."""
         if self.pipeline:
             path = self._layer_file(layer, tp_rank)
-            return path, _load(path)
+            return path, load_shard(path)
         path = self._mp_file(0, tp_rank)
         if path not in mp_states:
-            module = _load(path).get("module")
+            module = load_shard(path).get("module")
             if module is None:
                 raise ConfigError(f"{path}: holds no module weights")
             mp_states[path] = {}
@@ -196,7 +195,7 @@ class Checkpoint:
 
     def _plain_optimizer(self, path):
         """(optimizer state dict, parameter names) of one mp_rank file, or a one-line error."""
-        state = _load(path)
+        state = load_shard(path)
         optimizer, names = state.get("optimizer"), state.get("optimizer_param_names")
         if not isinstance(optimizer, dict) or "state" not in optimizer:
             raise ConfigError(f"{path}: holds no optimizer state this code can reshard (DeepSpeed's FP16_Optimizer, "
@@ -216,11 +215,10 @@ class Checkpoint:
     def saved_setup(self) -> dict:
         """What the checkpoint was saved with, from DeepSpeed's mp_rank_00 file: precision, ZeRO
         stage, DP size and the optimizer's form: "flat" (ZeRO 1/2 or BF16_Optimizer: fp32
-        partitions with param_slice_mappings, see checkpoint_zero_state.py) or "torch" (the plain
+        partitions with param_slice_mappings, see zero_state.py) or "torch" (the plain
         optimizer, fp32 without ZeRO)."""
         if getattr(self, "_setup", None) is None:
-            from megatron.checkpoint_zero_state import zero_files
-            state = _load(self._mp_file(0, 0))
+            state = load_shard(self._mp_file(0, 0))
             config = state.get("ds_config") or {}
             self._setup = {"precision": saved_precision(config), "dp": state.get("dp_world_size", 1),
                            "zero_stage": (config.get("zero_optimization") or {}).get("stage", 0),
@@ -231,11 +229,10 @@ class Checkpoint:
         """({(layer, key): fp32 master or None}, {(layer, key): optimizer state}): the fp32 master
         weights (None where the weights are the masters: the plain fp32 optimizer) and Adam's
         full moments and step, whatever the saved precision, ZeRO stage and layout."""
-        layers = self._layers(layers)
+        wanted = self._layers(layers)
         if self.saved_setup()["form"] == "flat":
-            from megatron.checkpoint_zero_state import read_flat_state
-            return read_flat_state(self, layers, table_key)
-        states, _ = self.read_optimizer(layers)
+            return read_flat_state(self, wanted, table_key)
+        states, _ = self.read_optimizer(wanted)
         return {}, states
 
     def read_optimizer(self, layers: Iterable[int] | None = None

@@ -16,25 +16,29 @@ from typing import Any
 
 import torch
 
+from megatron.checkpoint.shards import load_shard
 from megatron.model.analytic import stage_of_layer
 from megatron.model.shape import ConfigError
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def zero_files(step_dir: str, mp_rank: int) -> list[str]:
-    """The DP partitions' files of model-parallel rank `mp_rank`, in DP order."""
+def zero_files(step_dir: str, mp_rank: int, dp: int | None = None) -> list[str]:
+    """The DP partitions' files of model-parallel rank `mp_rank`, in DP order: exactly DP ranks
+    0 .. dp-1 when the saved DP size is given (a file of another DP rank beside them is not part
+    of this checkpoint), else every one there is."""
     found = {}
     for path in glob.glob(os.path.join(step_dir, f"*zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt")):
         match = re.fullmatch(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt", os.path.basename(path))
         if match:
             found[int(match.group(1))] = path
-    return [found[d] for d in sorted(found)]
-
-
-def _load(path):
-    from megatron.checkpoint_reshard import _load
-    return _load(path)
+    if dp is None:
+        return [found[d] for d in sorted(found)]
+    missing = [d for d in range(dp) if d not in found]
+    if missing and found:
+        raise ConfigError(f"{step_dir}: zero_pp_rank_{missing[0]}_mp_rank_{mp_rank:02d}_optim_states.pt is missing "
+                          f"(saved at DP={dp}); the checkpoint is incomplete")
+    return [found[d] for d in range(dp) if d in found]
 
 
 def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> tuple[dict, dict]:
@@ -46,14 +50,14 @@ def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> t
     for stage in stages:
         for tp_rank in range(tp):
             mp_rank = stage * tp + tp_rank
-            files = zero_files(checkpoint.step_dir, mp_rank)
+            files = zero_files(checkpoint.step_dir, mp_rank, checkpoint.saved_setup()["dp"])
             if not files:
                 raise ConfigError(f"{checkpoint.step_dir}: no zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt; "
                                   f"the checkpoint is incomplete")
-            local_shapes = _load(checkpoint._mp_file(stage, tp_rank)).get("param_shapes")
+            local_shapes = load_shard(checkpoint._mp_file(stage, tp_rank)).get("param_shapes")
             fragments = {}  # name -> {state: [fragment of each DP rank]}, steps
             for path in files:
-                optim = _load(path)["optimizer_state_dict"]
+                optim = load_shard(path)["optimizer_state_dict"]
                 base = optim["base_optimizer_state"]["state"]
                 for group, mapping in enumerate(optim["param_slice_mappings"]):
                     flat = {"fp32": optim["single_partition_of_fp32_groups"][group]}
@@ -81,11 +85,11 @@ def read_flat_state(checkpoint: Any, layers: set[int], table_key: Callable) -> t
     for ident, slices in parts.items():
         spec = checkpoint.specs[ident]
         masters[ident] = checkpoint._merge([s["fp32"] for s in slices], spec, f"fp32 master of {ident}")
-        state = {k: checkpoint._merge([s[k] for s in slices], spec, f"optimizer {k} of {ident}")
-                 for k in MOMENTS if k in slices[0]}
+        merged = {k: checkpoint._merge([s[k] for s in slices], spec, f"optimizer {k} of {ident}")
+                  for k in MOMENTS if k in slices[0]}
         if "step" in slices[0]:
-            state["step"] = slices[0]["step"]
-        states[ident] = state
+            merged["step"] = slices[0]["step"]
+        states[ident] = merged
     return masters, states
 
 
@@ -93,4 +97,4 @@ def read_loss_scaler(checkpoint: Any) -> Any:
     """fp16's dynamic loss scaler as saved (scale, iterations since the last overflow): the same on
     every rank, so DP rank 0 of the first model-parallel rank holds it. None when not saved."""
     files = zero_files(checkpoint.step_dir, 0)
-    return _load(files[0])["optimizer_state_dict"].get("loss_scaler") if files else None
+    return load_shard(files[0])["optimizer_state_dict"].get("loss_scaler") if files else None

@@ -2,7 +2,7 @@
 tracker files (one reader, one writer) and the layout a checkpoint was saved with (a frozen
 dataclass, serialised to megatron_layout.json and into every mp_rank file's client state).
 
-  DIR/global_stepN/...                     DeepSpeed's files for iteration N (checkpoint_reshard.py)
+  DIR/global_stepN/...                     DeepSpeed's files for iteration N (reshard.py)
   DIR/global_stepN/megatron_layout.json    CheckpointLayout.to_dict(): the shape and how it was cut
   DIR/global_stepN/megatron_model.json     numerics and tokenizer, for tools (write_model_info)
   DIR/latest                               "global_stepN", the tag DeepSpeed's own tools read
@@ -15,6 +15,7 @@ Torch-free: tools read layouts without building anything.
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,26 +161,21 @@ def read_layout(step_directory: str, where: str) -> CheckpointLayout:
     path = os.path.join(step_directory, LAYOUT_FILE)
     if not os.path.isfile(path):
         raise ConfigError(f"{where}: {path} is missing; the checkpoint was not written by this trainer")
-    with open(path) as f:
-        return CheckpointLayout.from_dict(json.load(f), path)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except ValueError as e:  # truncated or overwritten: one line, not a JSON traceback
+        raise ConfigError(f"{where}: {path} is unreadable ({type(e).__name__}: {e}); the checkpoint is damaged "
+                          f"(restore the file from a copy, or resume from another iteration)") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{where}: {path} holds no layout; the checkpoint is damaged")
+    return CheckpointLayout.from_dict(saved, path)
 
 
-def write_model_info(step_directory: str, args: Any) -> None:
+def write_model_info(step_directory: str, info: dict) -> None:
     """What a tool needs besides the layout to rebuild or export the model: numerics and the
-    tokenizer (files by absolute path). Written by rank 0 next to megatron_layout.json."""
-    def path(p: str | None) -> str | None:
-        return os.path.abspath(p) if p else None
-    info = {"vocab_size": args.model_shape.vocab_size, "seq_length": args.seq_length,
-            "make_vocab_size_divisible_by": args.make_vocab_size_divisible_by,
-            "layernorm_epsilon": args.layernorm_epsilon, "rope_theta": args.rope_theta,
-            "hidden_dropout": args.hidden_dropout,
-            "attention_dropout": args.attention_dropout, "init_method_std": args.init_method_std,
-            "params_dtype": str(args.params_dtype).replace("torch.", ""),
-            "tokenizer_type": args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_file and args.merge_file
-                                                      else "NullTokenizer"),
-            "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file),
-            "tokenizer_name_or_path": path(getattr(args, "tokenizer_name_or_path", None)),
-            "tokenizer_model": path(getattr(args, "tokenizer_model", None))}
+    tokenizer (files by absolute path; CheckpointManager assembles it). Written by rank 0 next to
+    megatron_layout.json."""
     write_atomic(os.path.join(step_directory, MODEL_FILE), json.dumps(info, indent=1))
 
 
@@ -190,6 +186,22 @@ def read_model_info(step_directory: str) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+def saved_iterations(save_dir: str) -> list[int]:
+    """The iterations DIR holds a global_stepN directory of, in order."""
+    names = os.listdir(save_dir) if os.path.isdir(save_dir) else []
+    return sorted(int(m.group(1)) for m in (re.fullmatch(r"global_step(\d+)", n) for n in names) if m)
+
+
+def require_step_dir(load_dir: str, iteration: int, where: str) -> str:
+    """global_stepN of DIR; a missing one (a tracker naming an iteration that is not there) is
+    one line listing the iterations that are."""
+    path = step_dir(load_dir, iteration)
+    if not os.path.isdir(path):
+        raise ConfigError(f"{where}: {path} does not exist (saved iterations: "
+                          f"{', '.join(map(str, saved_iterations(load_dir))) or 'none'})")
+    return path
 
 
 # --- trackers -----------------------------------------------------------------------------------

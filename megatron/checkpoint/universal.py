@@ -21,7 +21,8 @@ import os
 import re
 from typing import Any
 
-from megatron.checkpoint_layout import LATEST_UNIVERSAL, CheckpointLayout, read_pointer
+from megatron.checkpoint.layout import LATEST_UNIVERSAL, CheckpointLayout, read_pointer
+from megatron.checkpoint.shards import load_shard
 from megatron.model.analytic import module_name, parameter_table
 from megatron.model.shape import ConfigError, ModelShape
 
@@ -52,14 +53,14 @@ def universal_checkpoint_info(shape: ModelShape, pipeline: bool) -> dict:
     return info
 
 
-def attach_universal_checkpoint_info(engine: Any, args: Any) -> None:
+def attach_universal_checkpoint_info(engine: Any, shape: ModelShape, pipeline: bool) -> None:
     """Before engine.save_checkpoint: DeepSpeed writes the module attribute into every
     mp_rank_*_model_states.pt (client_state cannot carry it for MoE models)."""
     from megatron.deepspeed_internals import universal_checkpoint_constants
     UNIVERSAL_CHECKPOINT_INFO = universal_checkpoint_constants().UNIVERSAL_CHECKPOINT_INFO
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO,
-                universal_checkpoint_info(args.model_shape, args.ds_pipeline_enabled))
+                universal_checkpoint_info(shape, pipeline))
 
 
 def read_universal_tag(load_dir: str) -> str:
@@ -77,23 +78,23 @@ def read_universal_tag(load_dir: str) -> str:
     return tag
 
 
-def check_universal_load(args: Any) -> tuple[str, CheckpointLayout, dict]:
+def check_universal_load(load_dir: str, shape: ModelShape, zero_stage: int) -> tuple[str, CheckpointLayout, dict]:
     """Before the model is built: the universal checkpoint exists, holds this model's shape, and
-    this run's optimizer is one DeepSpeed loads universal checkpoints into. Returns the tag."""
-    import torch
-    where = f"--universal-checkpoint --load {args.load}"
-    if args.model_shape.is_moe:
+    this run's optimizer is one DeepSpeed loads universal checkpoints into. Returns the tag, the
+    saved layout and the saved ds_config."""
+    where = f"--universal-checkpoint --load {load_dir}"
+    if shape.is_moe:
         raise ConfigError(f"{where}: DeepSpeed's universal checkpoint does not hold native MoE experts; "
                           f"resume a mixture-of-experts checkpoint with --load alone")
-    if args.zero_stage not in (1, 2):
+    if zero_stage not in (1, 2):
         raise ConfigError(f"{where}: DeepSpeed loads universal checkpoints into ZeRO's optimizer only (this run "
-                          f"has ZeRO stage {args.zero_stage}); add --zero-stage 1 or resume with --load alone")
-    tag = read_universal_tag(args.load)
-    step_dir = os.path.join(args.load, tag)
+                          f"has ZeRO stage {zero_stage}); add --zero-stage 1 or resume with --load alone")
+    tag = read_universal_tag(load_dir)
+    step_dir = os.path.join(load_dir, tag)
     mp_files = sorted(f for f in os.listdir(step_dir) if f.startswith("mp_rank_") and f.endswith("_model_states.pt"))
     if not mp_files:
         raise ConfigError(f"{where}: {step_dir} holds no mp_rank_*_model_states.pt")
-    state = torch.load(os.path.join(step_dir, mp_files[0]), map_location="cpu", weights_only=False, mmap=True)
+    state = load_shard(os.path.join(step_dir, mp_files[0]))
     saved = state.get("layout")
     if saved is None:
         raise ConfigError(f"{where}: {step_dir}/{mp_files[0]} holds no layout; the checkpoint was not written by "

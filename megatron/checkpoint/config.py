@@ -1,0 +1,52 @@
+"""The checkpoint section of the run configuration: every flag checkpointing reads, as one frozen
+value built once from the flags (RunConfig.checkpoint). Torch-free, like megatron/run_config.py:
+tools validate flags without torch."""
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from megatron.metrics.memory import TrainingSetup
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save: str | None                  # --save DIR
+    load: str | None                  # --load DIR
+    save_interval: int | None
+    no_save_rng: bool
+    no_load_optim: bool
+    no_load_rng: bool
+    finetune: bool                    # load the weights only: counters, optimizer and schedule restart
+    universal_checkpoint: bool        # --load names DeepSpeed's ds_to_universal.py output
+    # the optimizer DeepSpeed builds around ours (megatron/memory.py's names): which saved optimizer
+    # states can be resharded into it
+    optimizer_wrapper: str
+    # numerics and tokenizer files (absolute paths) written to megatron_model.json for tools, in
+    # the file's key order; the vocab, its divisor and the sequence length come from the shape
+    model_info: Mapping[str, Any]
+
+    @property
+    def load_optimizer(self) -> bool:
+        return not (self.no_load_optim or self.finetune)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "CheckpointConfig":
+        def path(p: str | None) -> str | None:
+            return os.path.abspath(p) if p else None
+        info = {"layernorm_epsilon": args.layernorm_epsilon, "rope_theta": args.rope_theta,
+                "hidden_dropout": args.hidden_dropout, "attention_dropout": args.attention_dropout,
+                "init_method_std": args.init_method_std,
+                "params_dtype": str(args.params_dtype).replace("torch.", ""),
+                "tokenizer_type": args.tokenizer_type or ("GPT2BPETokenizer" if args.vocab_file and args.merge_file
+                                                          else "NullTokenizer"),
+                "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file),
+                "tokenizer_name_or_path": path(getattr(args, "tokenizer_name_or_path", None)),
+                "tokenizer_model": path(getattr(args, "tokenizer_model", None))}
+        return cls(save=args.save, load=args.load, save_interval=args.save_interval, no_save_rng=args.no_save_rng,
+                   no_load_optim=args.no_load_optim, no_load_rng=args.no_load_rng, finetune=args.finetune,
+                   universal_checkpoint=args.universal_checkpoint,
+                   optimizer_wrapper=TrainingSetup.from_args(args).optimizer_wrapper(),
+                   model_info=MappingProxyType(info))

@@ -1,0 +1,233 @@
+"""CheckpointManager: save / resume through the DeepSpeed engine, plus our client state.
+
+What --save DIR holds is described in layout.py. A save writes global_stepN whole or not at all
+and moves the trackers last (writer.py), so a crash mid-save leaves the previous checkpoint as the
+one that loads; a load checks the saved files against their manifest (manifest.py) before the
+model is built; one run at a time writes a --save DIR (lock.py). The manager is handed its
+section of the run configuration (CheckpointConfig) and the sections it needs besides (shape,
+parallel layout, precision); it reads no `args`.
+"""
+import atexit
+import contextlib
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from megatron import mpu, print_rank_0
+from megatron.checkpoint.agree import from_rank_0, gather, rank_and_world
+from megatron.checkpoint.config import CheckpointConfig
+from megatron.checkpoint.layout import (
+    CheckpointLayout,
+    read_tracker,
+    require_step_dir,
+    step_tag,
+    write_layout,
+    write_model_info,
+)
+from megatron.checkpoint.lock import SaveDirLock
+from megatron.checkpoint.manifest import MANIFEST, ManifestError, read_manifest, verify_share
+from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
+from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
+from megatron.checkpoint.universal import attach_universal_checkpoint_info
+from megatron.checkpoint.writer import remove_stale, write_iteration
+from megatron.model.shape import ConfigError, ModelShape
+from megatron.run_config import ParallelLayout, Precision, ResumePlan, RunConfig
+from megatron.training_state import TrainingProgress, saved_progress
+
+
+def _rng_state() -> dict:
+    state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "tracker": mpu.get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Puts back the RNG states load() returned (the caller does it once setup has drawn all it draws)."""
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+    mpu.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+class CheckpointManager:
+    """One run's checkpointing: when to save, saving, loading, and the resume plan made before the
+    model is built (another layout is resharded, a universal checkpoint converted by DeepSpeed)."""
+
+    def __init__(self, config: CheckpointConfig, shape: ModelShape, parallel: ParallelLayout, precision: Precision,
+                 zero_stage: int, seq_length: int, resume: ResumePlan | None = None) -> None:
+        self.config = config
+        self.shape = shape
+        self.parallel = parallel
+        self.precision = precision
+        self.zero_stage = zero_stage
+        self.seq_length = seq_length
+        self.resume = resume or ResumePlan()
+        self._lock: SaveDirLock | None = None
+
+    @classmethod
+    def from_run_config(cls, run_config: RunConfig) -> "CheckpointManager":
+        return cls(run_config.checkpoint, run_config.model_shape, run_config.parallel, run_config.precision,
+                   run_config.optimizer.zero_stage, run_config.batch.seq_length, run_config.resume)
+
+    @property
+    def layout(self) -> CheckpointLayout:
+        """The layout this run saves (and compares a loaded checkpoint's with)."""
+        return CheckpointLayout.from_shape(self.shape, self.parallel.ds_pipeline_enabled)
+
+    def should_save(self, iteration: int) -> bool:
+        config = self.config
+        return bool(config.save and config.save_interval) and iteration % config.save_interval == 0
+
+    # --- before the model is built ----------------------------------------------------------------
+
+    def plan_resume(self) -> ResumePlan:
+        """--load, before the model is built: a checkpoint that does not fit this run fails here in
+        one line; one saved at another layout (or a universal one) gives the plan load() follows."""
+        config = self.config
+        if config.universal_checkpoint:
+            return plan_universal(config.load, self.layout, self.shape, self.parallel, self.precision.name,
+                                  self.zero_stage)
+        iteration = read_tracker(config.load, f"--load {config.load}")
+        if iteration is None:
+            return ResumePlan()
+        return self.check_layout(config.load, iteration)
+
+    def check_layout(self, load_dir: str, iteration: int) -> ResumePlan:
+        """Iteration `iteration` of `load_dir` against this run: another shape or precision fails
+        here; another TP x PP x DP layout, pipeline split or ZeRO stage is resharded on load. A
+        checkpoint written before architecture variants existed reads as a GPT-2."""
+        self.verify(load_dir, iteration)
+        source = Checkpoint(load_dir, iteration)
+        return plan_reshard(source, self.layout, self.config, self.shape, self.parallel, self.precision.name,
+                            self.zero_stage)
+
+    def verify(self, load_dir: str, iteration: int) -> None:
+        """Every file of global_stepN as its manifest lists it (the ranks share the reading): a
+        missing, truncated or altered file, or a file DeepSpeed would read that the checkpoint does
+        not have, is one line naming it. A checkpoint saved before manifests existed is not checked
+        (said once)."""
+        where = f"--load {load_dir}"
+        step = require_step_dir(load_dir, iteration, where)
+        try:
+            manifest = read_manifest(step)
+        except ManifestError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if manifest is None:
+            print_rank_0(f"{where}: {step} has no {MANIFEST} (saved before manifests existed): its files are not "
+                         f"verified")
+            return
+        problems = [p for p in gather(verify_share(step, manifest, *rank_and_world())) if p]
+        if problems:  # each names its file
+            raise ConfigError(problems[0])
+
+    # --- save -----------------------------------------------------------------------------------
+
+    def lock_save_dir(self) -> None:
+        """--save: take DIR's lock (global rank 0 alone; every rank learns the outcome, so a refused
+        run stops on every rank in one line). Released by release_save_dir() or at exit."""
+        if not self.config.save:
+            return
+        problem = None
+        if self.parallel.rank == 0:
+            self._lock = SaveDirLock(self.config.save)
+            try:
+                note = self._lock.acquire()
+            except ConfigError as e:
+                problem = str(e)
+            else:
+                atexit.register(self._lock.release)
+                for line in [note] + [f"--save {self.config.save}: removed {name}, left by a crashed save"
+                                      for name in remove_stale(self.config.save)]:
+                    if line:
+                        print_rank_0(line)
+        problem = from_rank_0(problem)
+        if problem:
+            raise ConfigError(problem)
+
+    def release_save_dir(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+    def save(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> None:
+        """Writes global_stepN whole or not at all, then moves the trackers (writer.py): a crash at
+        any point leaves the previous checkpoint tracked; a failed write (a full disk) is one line."""
+        config, iteration, layout = self.config, progress.iteration, self.layout
+        client_state = {
+            "iteration": iteration,  # also inside progress; kept at the top for tools that read it
+            "progress": progress.state_dict(),
+            "lr_scheduler": lr_scheduler.state_dict(),
+            "layout": layout.to_dict(),
+            "optimizer_param_names": optimizer_param_names(engine),  # lets another layout resume the optimizer
+        }
+        if not config.no_save_rng:
+            client_state["rng_state"] = _rng_state()
+        # so that DeepSpeed's ds_to_universal.py converts it
+        attach_universal_checkpoint_info(engine, self.shape, self.parallel.ds_pipeline_enabled)
+
+        def write_shards(tag: str) -> None:
+            with self._moe_writers(engine):
+                engine.save_checkpoint(config.save, tag=tag, client_state=client_state, save_latest=False)
+
+        def write_ours(directory: str) -> None:
+            write_layout(directory, layout)
+            write_model_info(directory, self.model_info())
+
+        write_iteration(config.save, iteration, write_shards, write_ours)
+        progress.last_saved_iteration = iteration
+        print_rank_0(f"saved checkpoint at iteration {iteration} to {config.save}")
+
+    def model_info(self) -> dict:
+        """megatron_model.json: what a tool needs besides the layout to rebuild or export the model."""
+        return {"vocab_size": self.shape.vocab_size, "seq_length": self.seq_length,
+                "make_vocab_size_divisible_by": self.shape.make_vocab_size_divisible_by, **self.config.model_info}
+
+    def _moe_writers(self, engine: Any) -> Any:
+        if not self.shape.is_moe:
+            return contextlib.nullcontext()
+        from megatron.model.moe import every_tp_rank_writes_its_files
+        return every_tp_rank_writes_its_files(engine)
+
+    # --- load -----------------------------------------------------------------------------------
+
+    def load(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> dict | None:
+        """Restores the weights (and optimizer, LR schedule and `progress` unless --finetune) and
+        returns the saved RNG state or None. The caller restores the RNG state (set_rng_state) once
+        everything that draws from the RNG during setup has run."""
+        config, load_dir = self.config, self.config.load
+        iteration = None if config.universal_checkpoint else read_tracker(load_dir, f"--load {load_dir}")
+        if config.universal_checkpoint:  # DeepSpeed cuts TP slices and DP partitions from DIR/<tag>/zero
+            path, client_state = engine.load_checkpoint(load_dir, tag=self.resume.universal_tag,
+                                                        load_lr_scheduler_states=False,
+                                                        load_optimizer_states=config.load_optimizer)
+        elif iteration is None:
+            print_rank_0(f"WARNING: no checkpoint found in --load {load_dir}; starting from scratch")
+            return None
+        elif self.resume.reshard_source:  # saved at another TP x PP layout (see check_layout)
+            source = Checkpoint(*self.resume.reshard_source)
+            path, client_state = load_resharded(engine, source, config, self.shape,
+                                                self.parallel.ds_pipeline_enabled, self.precision.fp16)
+        else:
+            path, client_state = engine.load_checkpoint(load_dir, tag=step_tag(iteration),
+                                                        load_optimizer_states=config.load_optimizer,
+                                                        load_lr_scheduler_states=False)
+        if path is None:
+            raise ConfigError(f"--load {load_dir}: DeepSpeed could not load {step_tag(iteration)}")
+        if config.universal_checkpoint:
+            client_state.pop("rng_state", None)  # another layout's: the run reseeds from --seed
+        if config.finetune:
+            print_rank_0(f"loaded weights from {path} (finetune: counters and optimizer reset)")
+            return None
+        saved = saved_progress(client_state)
+        progress.load_state_dict(saved)
+        if "consumed_train_tokens" not in saved:  # written before tokens were counted
+            progress.consumed_train_tokens = progress.consumed_train_samples * self.seq_length
+        progress.last_saved_iteration = progress.iteration
+        lr_scheduler.load_state_dict(client_state["lr_scheduler"])
+        print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")
+        return None if config.no_load_rng else client_state.get("rng_state")

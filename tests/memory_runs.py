@@ -1,0 +1,42 @@
+"""The trainer's first iteration on real gloo ranks with its memory measured (megatron/memory_measure.py),
+for the memory tests: `first_iteration` runs on every rank (tests/distributed.py), `check_exact`
+compares the prediction with what the ranks hold."""
+
+# the TINY trainer config of the launch tests: 2 layers, hidden 64, 4 heads, seq 32, vocab 600 -> 640
+FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--micro-batch-size", "2", "--lr", "1e-3", "--mock-data", "--vocab-size", "600", "--hidden-dropout", "0",
+         "--attention-dropout", "0", "--train-iters", "4", "--seed", "1234"]
+S = 32
+
+
+def first_iteration(flags):
+    """Build the trainer's engine as pretrain() does, run one iteration, measure."""
+    import torch
+    import torch.distributed as dist
+
+    import pretrain_gpt
+    from megatron import initialize
+    from megatron.arguments import parse_args, validate_args
+    from megatron.global_vars import set_args
+    from megatron.training import Trainer
+
+    args = parse_args(args_list=FLAGS + flags)
+    validate_args(args, world_size=dist.get_world_size(), cuda_available=False)
+    args.rank = dist.get_rank()
+    set_args(args)
+    initialize._build_tokenizer(args)
+    trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    g = torch.Generator().manual_seed(args.rank)
+    batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
+                    for _ in range(16)])
+    trainer.steps.train_batch(batches)
+    return [(rank, stage, tp, dp, predicted._asdict(), measured)
+            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()]
+
+
+def check_exact(rows):
+    for rank, stage, tp, dp, predicted, measured in rows:
+        for field in ("weights", "gradients", "optimizer"):
+            assert predicted[field] == measured[field], (
+                f"rank {rank} (stage {stage}, tp {tp}, dp {dp}) {field}: "
+                f"predicted {predicted[field]:,}, measured {measured[field]:,}")

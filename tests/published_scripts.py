@@ -1,0 +1,30 @@
+"""The forks' published launch scripts (tests/data/published_scripts/*.txt) as flag lists, and
+tools/param_count.py loaded to take them."""
+import importlib.util
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def load(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0].startswith("# source: https://github.com/"), path
+    return [line for line in lines if not line.startswith("#")]
+
+
+def param_count_module():
+    spec = importlib.util.spec_from_file_location("param_count", os.path.join(ROOT, "tools", "param_count.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def for_the_tool(argv):
+    """The scripts' cluster paths to the bundled GPT-2 files."""
+    out = list(argv)
+    for flag, path in (("--vocab-file", "data/gpt2-vocab.json"), ("--merge-file", "data/gpt2-merges.txt")):
+        if flag in out:
+            out[out.index(flag) + 1] = os.path.join(ROOT, path)
+    return out
