@@ -22,9 +22,10 @@ def our_logits(load_dir, tokens):
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel
     checkpoint = Checkpoint(load_dir)
-    rope_theta = checkpoint.model_info.get("rope_theta", 10000.0)
+    info = checkpoint.model_info
     model = GPTModel(GPTConfig(checkpoint.shape, hidden_dropout=0.0, attention_dropout=0.0,
-                               rope_theta=rope_theta)).eval()
+                               rope_theta=info.get("rope_theta", 10000.0),
+                               layernorm_epsilon=info.get("layernorm_epsilon", 1e-5))).eval()
     full = checkpoint.read_weights()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -4,6 +4,8 @@ tests/test_shm_tp_all_reduce.py. `python shm_tp_worker.py MODE`; MODE:
            shared-memory path; print both ranks' losses and grad norms as JSON (exact floats)
   error    enable the shared-memory path, run an all-reduce, then raise
   kill     enable it, run an all-reduce, print READY and sleep until killed
+  chunks   all-reduce tensors of several chunks (odd sizes, fp32 / bf16 / fp16, SUM and MAX) through
+           gloo and through the shared-memory path; print, per case, whether the two are bitwise equal
 Every mode prints the /dev/shm path the group used (PATH ...) as soon as it exists."""
 import json
 import os
@@ -39,6 +41,43 @@ def _train(steps=3):
     return out
 
 
+def _chunk_cases(rank, group):
+    """[(case, chunks, equal to gloo bit for bit, equal to the sum of both inputs)] on this rank.
+    Each rank's input: normal values scaled by 10^-4 .. 10^4, so that the sum rounds in every way;
+    the default slot size (the trainer's) and a tiny one (many chunks, both buffers reused often)."""
+    from megatron.mpu import shm_comm
+    tiny = shm_comm.SharedMemoryGroup(group, slot_bytes=1000)  # 250 fp32 / 500 half elements a chunk
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        per_chunk = shm_comm.SLOT_BYTES // torch.tensor([], dtype=dtype).element_size()
+        for where, numel in (("default", 2 * per_chunk + 12345), ("default", 3 * per_chunk),
+                             ("default", 4097), ("tiny", 10007), ("tiny", 500 * 7)):
+            for op in (torch.distributed.ReduceOp.SUM, torch.distributed.ReduceOp.MAX):
+                inputs = []
+                for r in range(2):  # both ranks' inputs, on each rank: the sum is known here too
+                    g = torch.Generator().manual_seed(1000 * r + numel)
+                    values = torch.randn(numel, generator=g, dtype=torch.float64)
+                    scale = 10.0 ** torch.randint(-4, 5, (numel,), generator=g)
+                    inputs.append((values * scale).clamp(-6e4, 6e4).to(dtype))  # fp16's range
+                x = inputs[rank]
+                by_gloo = x.clone()
+                torch.distributed.all_reduce(by_gloo, op=op, group=group)
+                by_shm = x.clone()
+                if where == "tiny":
+                    tiny.all_reduce(by_shm, op)
+                else:
+                    shm_comm.tensor_model_parallel_all_reduce(by_shm, op, group)
+                chunk = per_chunk if where == "default" else tiny.slot_bytes // x.element_size()
+                expected = (inputs[0] + inputs[1] if op == torch.distributed.ReduceOp.SUM
+                            else torch.maximum(inputs[0], inputs[1]))
+                bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+                name = "sum" if op == torch.distributed.ReduceOp.SUM else "max"
+                out.append((f"{str(dtype)[6:]} {numel} {where} {name}",
+                            -(-numel // chunk), bool(torch.equal(by_shm.view(bits), by_gloo.view(bits))),
+                            bool(torch.equal(by_shm.view(bits), expected.view(bits)))))
+    return out
+
+
 def _rank(rank, port, mode, write_fd):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", DS_ACCELERATOR="cpu")
@@ -63,6 +102,9 @@ def _rank(rank, port, mode, write_fd):
         mpu.model_parallel_seed(1234)
         report["shm"] = _train()
         os.write(write_fd, (json.dumps({"rank": rank, **report}) + "\n").encode())
+    elif mode == "chunks":
+        cases = _chunk_cases(rank, mpu.get_tensor_model_parallel_group())
+        os.write(write_fd, (json.dumps({"rank": rank, "cases": cases}) + "\n").encode())
     elif mode == "error":
         raise RuntimeError("failing on purpose after the shared-memory set-up")
     elif mode == "kill":

@@ -70,3 +70,26 @@ def test_nothing_left_after_a_kill():
         proc.kill()
         proc.communicate()
 
+
+
+def test_multi_chunk_all_reduce_is_gloos_bit_for_bit():
+    """Tensors larger than a slot go through in chunks: odd sizes ending in a partial chunk, exact
+    multiples, a tensor of one chunk after them, and a tiny slot (41 chunks: both buffers reused
+    many times), in every dtype a TP all-reduce carries (fp32, bf16; fp16 too, which gloo sums on
+    CPU), for SUM and MAX: the result equals gloo's bit for bit, and the sum of both inputs."""
+    proc = start("chunks")
+    out, err = proc.communicate(timeout=300)
+    lines = out.splitlines(keepends=True)
+    assert value(lines, "EXIT") == "0 0", err[-2000:]
+    reports = [json.loads(line) for line in lines if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for report in reports:
+        cases = {case: (chunks, gloo, summed) for case, chunks, gloo, summed in report["cases"]}
+        # 2 M fp32 or 4 M half elements fill a 4 MiB slot; the tiny slot holds 1000 bytes
+        assert cases["float32 2109497 default sum"][0] == cases["bfloat16 4206649 default sum"][0] == 3
+        assert cases["float32 3145728 default max"][0] == cases["float16 6291456 default max"][0] == 3
+        assert cases["float32 10007 tiny sum"][0] == 41 and cases["bfloat16 10007 tiny sum"][0] == 21
+        assert len(cases) == 3 * 5 * 2
+        wrong = [case for case, (_, gloo, summed) in cases.items() if not (gloo and summed)]
+        assert wrong == [], report["rank"]
+    assert left_over(lines) == []

@@ -152,17 +152,45 @@ def vocab_size_without_torch(args: Namespace, tokenizer_type: str) -> int:
 
 
 def _config_tokens_missing(path: str, tokenizer: Any) -> set[str]:
-    """Special tokens that tokenizer_config.json names but tokenizer.json lacks: transformers adds
-    them on load, so len(tokenizer) counts them."""
-    config_file = os.path.join(path, "tokenizer_config.json") if os.path.isdir(path) else None
-    if not config_file or not os.path.isfile(config_file):
+    """Tokens that the files next to tokenizer.json name but tokenizer.json lacks: transformers adds
+    them on load, so len(tokenizer) counts them. As transformers 5 reads them: the special tokens of
+    tokenizer_config.json (bos ... mask, additional_special_tokens, extra_special_tokens: a list or a
+    dict) and its added_tokens_decoder; without an added_tokens_decoder, the legacy
+    special_tokens_map.json (its entries replace the config's, its extra_special_tokens list adds to
+    them) and added_tokens.json."""
+    if not os.path.isdir(path):
         return set()
-    with open(config_file, encoding="utf-8") as f:
-        config = json.load(f)
-    named = [config.get(k) for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                                     "cls_token", "mask_token")]
-    for key in ("additional_special_tokens", "extra_special_tokens"):  # a list, or (transformers 5) a dict
-        extra = config.get(key) or []
-        named += list(extra.values()) if isinstance(extra, dict) else list(extra)
-    contents = {t["content"] if isinstance(t, dict) else t for t in named if t}
+    config = _json_or_empty(os.path.join(path, "tokenizer_config.json"))
+    named = {k: config.get(k) for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                        "cls_token", "mask_token", "additional_special_tokens")}
+    extra = _token_list(config.get("extra_special_tokens"))  # a list, or (transformers 5) a dict
+    added: list = []
+    if "added_tokens_decoder" in config:
+        added = list(config["added_tokens_decoder"].values())
+    else:  # the legacy files, read only when the config carries no added_tokens_decoder
+        for key, value in _json_or_empty(os.path.join(path, "special_tokens_map.json")).items():
+            if key == "extra_special_tokens":
+                extra += _token_list(value)
+            else:
+                named[key] = value
+        added = list(_json_or_empty(os.path.join(path, "added_tokens.json")))
+    tokens = [t for value in named.values() for t in _token_list(value)] + extra + added
+    contents = {t["content"] if isinstance(t, dict) else t for t in tokens if t}
     return {t for t in contents if tokenizer.token_to_id(t) is None}
+
+
+def _json_or_empty(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_list(value: Any) -> list:
+    """A special-token entry as a list of tokens (strings or AddedToken dicts): one token, a list, or
+    a dict of named tokens."""
+    if not value:
+        return []
+    if isinstance(value, dict) and "content" not in value:
+        return list(value.values())
+    return list(value) if isinstance(value, list) else [value]
