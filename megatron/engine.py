@@ -6,7 +6,6 @@ An MoE model's load-balancing loss gets its gradient scale here (`_moe_aux_loss_
 logged value from `pop_moe_loss`."""
 from __future__ import annotations
 
-from argparse import Namespace
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -70,9 +69,9 @@ class ModuleSteps:
         return average_over_data_parallel(total / self._micro_batches())
 
 
-def engine_steps(engine: Any, forward_step_func: Callable, args: Namespace) -> PipelineSteps | ModuleSteps:
+def engine_steps(engine: Any, forward_step_func: Callable, ds_pipeline_enabled: bool) -> PipelineSteps | ModuleSteps:
     # engine: the DeepSpeed engine (PipelineEngine or DeepSpeedEngine)
-    return PipelineSteps(engine) if args.ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
+    return PipelineSteps(engine) if ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
 
 
 def _moe_aux_loss_scale(engine):

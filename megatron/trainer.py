@@ -5,6 +5,7 @@ metrics and checkpointing, and the loop that trains, evaluates, saves and exits
 Model size and FLOPs per sample are computed once in Trainer.setup_model_and_optimizer (see
 megatron/utils.py); the logger only reads them.
 """
+import copy
 import os
 import time
 from argparse import Namespace
@@ -24,6 +25,7 @@ from megatron.global_vars import get_timers
 from megatron.learning_rates import AnnealingLR
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.processor import MetricsProcessor
+from megatron.metrics.split_comparison import split_comparison_lines
 from megatron.metrics.training_log import IntervalStats
 from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
@@ -40,7 +42,6 @@ from megatron.run_config import (
     Precision,
 )
 from megatron.skip_iterations import skip_iteration, skipped_range
-from megatron.split_comparison import split_comparison_lines
 from megatron.training_data import NamedIterators, build_data_iterators
 from megatron.training_state import TrainingProgress
 from megatron.utils import (
@@ -115,6 +116,10 @@ class Trainer:
         self.exit = config.exit if config else ExitSettings.from_args(args)
         self.optimizer_settings = config.optimizer if config else OptimizerSettings.from_args(args)
         self.precision = config.precision if config else Precision.from_args(args)
+        self.parallel = config.parallel if config else ParallelLayout.from_args(args)
+        self.shape = config.model_shape if config else args.model_shape
+        # a plain deep copy (DeepSpeed may write into the dict it is given)
+        self.deepspeed_config = config.deepspeed_config_dict() if config else copy.deepcopy(args.deepspeed_config_dict)
         self.hooks = hooks or TrainerHooks()
         self.start_time = time.time() if start_time is None else start_time
         self.progress = TrainingProgress()
@@ -126,12 +131,12 @@ class Trainer:
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
         self.metrics = MetricsProcessor(config.logging if config else LoggingConfig.from_args(args), cache=args)
         self.checkpointer = (CheckpointManager.from_run_config(config) if config else
-                             CheckpointManager(CheckpointConfig.from_args(args), args.model_shape,
-                                               ParallelLayout.from_args(args), self.precision,
-                                               self.optimizer_settings.zero_stage, self.batch.seq_length))
+                             CheckpointManager(CheckpointConfig.from_args(args), self.shape, self.parallel,
+                                               self.precision, self.optimizer_settings.zero_stage,
+                                               self.batch.seq_length))
         self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
         self.setup_model_and_optimizer(model_provider)
-        self.steps = engine_steps(self.engine, forward_step_func, args)
+        self.steps = engine_steps(self.engine, forward_step_func, self.parallel.ds_pipeline_enabled)
 
     # --- build ---------------------------------------------------------------------------------
 
@@ -141,36 +146,37 @@ class Trainer:
         if args.sync_tp_duplicated_parameters:
             install_tp_duplicate_sync(model, mpu)
         # the one and only parameter count of the run
-        self.counts = compute_parameter_counts(model, mpu, args.model_shape)  # stops on a parameter the table lacks
+        self.counts = compute_parameter_counts(model, mpu, self.shape)  # stops on a parameter the table lacks
         self.hooks.on_parameter_counts(self, self.counts)
-        check_parameter_counts(self.counts, args.model_shape)  # stops on a count that differs from the table's
+        check_parameter_counts(self.counts, self.shape)  # stops on a count that differs from the table's
         cache_parameter_counts(args, self.counts)
-        report = format_parameter_report(self.counts, args.model_shape, args.data_parallel_size,
+        report = format_parameter_report(self.counts, self.shape, self.parallel.data_parallel_size,
                                          args.checkpoint_activations, args.activations_checkpoint_method,
                                          args.checkpoint_num_layers, flops=args.flops_per_sample)
         for line in report:
             print_rank_0(line)
         # when --pp-partition-method flops would split otherwise: its speed-up and both memories
-        for line in split_comparison_lines(args.model_shape, self.metrics.config.memory):
+        for line in split_comparison_lines(self.shape, self.metrics.config.memory):
             print_rank_0(line)
         self.metrics.log_model_size(report)
 
         optimizer = build_optimizer(model, self.optimizer_settings, self.precision)
         own_clipping = uses_own_clipping(self.optimizer_settings, self.precision)
         self.metrics.watch_optimizer(optimizer, model)  # --log-num-zeros-in-grad: after the clipping hook
-        self.calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
-                                                    args.data_parallel_size, args.rampup_batch_size)
+        batch = self.batch
+        self.calculator = NumMicroBatchesCalculator(batch.global_batch_size, batch.micro_batch_size,
+                                                    self.parallel.data_parallel_size, batch.rampup_batch_size)
         self.lr_scheduler = _build_lr_scheduler(optimizer, self.lr_schedule)
-        config = dict(args.deepspeed_config_dict)
+        config = self.deepspeed_config
         if own_clipping:
             config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
-                                               mpu=None if args.ds_pipeline_enabled else mpu)
-        if args.data_parallel_size == 1 and own_clipping and not args.model_shape.is_moe:
+                                               mpu=None if self.parallel.ds_pipeline_enabled else mpu)
+        if self.parallel.data_parallel_size == 1 and own_clipping and not self.shape.is_moe:
             # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
             # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
             skip_gradient_allreduce(engine)  # DeepSpeedEngine.backward, PipelineEngine's ReduceGrads
-        if args.model_shape.is_moe:
+        if self.shape.is_moe:
             # every pipeline stage takes DeepSpeed's MoE checkpoint path, also one without an MoE layer:
             # its per-layer path would end the load with a tied-weight broadcast the others never join
             save_and_load_as_moe(engine)
@@ -209,8 +215,8 @@ class Trainer:
                 self.exit_signal.release()
 
     def _run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
-        args, progress = self.args, self.progress
-        rng_state = self.load() if args.load else None
+        progress = self.progress
+        rng_state = self.load() if self.checkpointer.config.load else None
         self.calculator.update(progress.consumed_train_samples)
         self.engine.set_train_batch_size(self.calculator.get_current_global_batch_size())
         self.build_data_iterators(dataset_provider, batch_fn)
@@ -218,7 +224,7 @@ class Trainer:
             set_rng_state(rng_state)
         print_rank_0(f"time to initialize and build (s): {time.time() - self.start_time:.2f}")
         stop = "finished"
-        if args.train_iters is None or progress.iteration < args.train_iters:
+        if self.batch.train_iters is None or progress.iteration < self.batch.train_iters:
             stop = self.train()
         self.finish(stop)
         if stop == "non-finite":
@@ -234,7 +240,7 @@ class Trainer:
         An fp16 step whose gradients overflowed updates nothing: the LR schedule does not advance and
         the step is counted as skipped. Its samples were consumed and its compute spent, so consumed
         samples and gigaflos advance as for any other iteration (as in Megatron-DeepSpeed)."""
-        args, progress, calculator = self.args, self.progress, self.calculator
+        progress, calculator, seq_length = self.progress, self.calculator, self.batch.seq_length
         self.hooks.on_step_start(self)
         gbs = calculator.get_current_global_batch_size()
         loss = self.steps.train_batch(self.train_iter if data_iterator is None else data_iterator)
@@ -244,9 +250,10 @@ class Trainer:
             progress.skipped_iterations += 1
         progress.iteration += 1
         progress.consumed_train_samples += gbs
-        progress.consumed_train_tokens += gbs * args.seq_length
-        # C = 6 N D with N the parameters a token passes through (the active ones of an MoE model)
-        progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, args.seq_length, args.parameters_active_no_embedding)
+        progress.consumed_train_tokens += gbs * seq_length
+        # C = 6 N D with N the parameters a token passes through (the active ones of an MoE model;
+        # the count the model build cached on args, megatron/utils.py)
+        progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, seq_length, self.args.parameters_active_no_embedding)
         calculator.update(progress.consumed_train_samples)
         self._follow_batch_size(gbs)
         self.hooks.on_step_end(self, loss)
@@ -310,7 +317,7 @@ class Trainer:
             print_rank_0(f"skipping iterations {self.progress.iteration + 1} to {skipped[1]} "
                          f"(--skip-train-iteration-range)")
         gbs = self.calculator.get_current_global_batch_size()
-        skip_iteration(self.calculator, self.train_iter, self.progress, self.args.seq_length)
+        skip_iteration(self.calculator, self.train_iter, self.progress, self.batch.seq_length)
         self._follow_batch_size(gbs)
         return True
 
@@ -416,8 +423,8 @@ class Trainer:
     def finish(self, stop: str) -> None:
         """After training: the final validation, save and test evaluation of a finished run, or the
         save and message of an exit flag, as Megatron does; then the TensorBoard writer closes."""
-        args, progress = self.args, self.progress
-        unsaved = args.save and progress.last_saved_iteration != progress.iteration
+        progress = self.progress
+        unsaved = self.checkpointer.config.save and progress.last_saved_iteration != progress.iteration
         if stop == "finished":
             if self.valid_iters is not None and self.evaluation.eval_iters > 0:
                 self.validate("the end of training for val data")

@@ -1,7 +1,6 @@
 """tools/compare_runs.py: the points it draws are the scalars of real runs' event files, its legend
 holds the exact counts of the text summary, its power-law fit recovers a known exponent within the
 uncertainty it states, and bad input is one line."""
-import importlib.util
 import os
 import re
 import subprocess
@@ -9,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from compare_runs_cli import GIGAFLOS, TRAIN, VALID, compare, power_law_fit, run_curves
 from launcher import TINY, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,28 +16,6 @@ TOOL = os.path.join(ROOT, "tools", "compare_runs.py")
 ITERS, GBS, SEQ = 6, 4, 32
 LLAMA_FLAGS = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
                "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--num-key-value-heads", 2]
-TRAIN = "lm-loss-training/lm loss"
-VALID = "lm-loss-validation/lm loss validation"
-GIGAFLOS = " vs gigaflos (without embeddings)"
-
-
-def _tool_module(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# compare_runs.py imports its siblings by name, as `python tools/compare_runs.py` finds them
-run_curves = sys.modules["run_curves"] = _tool_module("run_curves")
-power_law_fit = sys.modules["power_law_fit"] = _tool_module("power_law_fit")
-compare_runs = _tool_module("compare_runs")
-
-
-def compare(capsys, *args):
-    """The command line in-process (one interpreter: matplotlib imported once); its stdout."""
-    compare_runs.main(list(map(str, args)))
-    return capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ and ranges are those the points were generated with, counted by hand."""
 import re
 
 import numpy as np
-from test_compare_runs import GIGAFLOS, TRAIN, VALID, compare
+from compare_runs_cli import GIGAFLOS, TRAIN, VALID, compare
 
 SEQ, N = 32, 100_000
 A, L_INF = 8.0, 2.0

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 from megatron import arguments, fork_features
 from megatron.metrics.memory import TrainingSetup, format_memory_report
+from megatron.metrics.split_comparison import split_comparison_lines
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ConfigError, ModelShape, require
-from megatron.split_comparison import split_comparison_lines
 from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
