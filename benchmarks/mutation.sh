@@ -22,7 +22,7 @@ JOBS="${MUTATION_JOBS:-1}"
 # stay in this process: mutmut records which tests reach a mutated function by running them, and
 # cannot see (nor time) the ranks that run_distributed / deepspeed launches start.
 declare -A MODULES=(
-  [mfu]="megatron/metrics/mfu.py|tests/test_mfu.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
+  [mfu]="megatron/metrics/mfu.py|tests/test_mfu.py tests/test_mfu_peak_resolution.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
   [learning_rates]="megatron/learning_rates.py|tests/test_learning_rates.py tests/test_lr_schedule_edges.py"
   [param_count]="tools/param_count.py|tests/test_breakdowns_by_hand.py::test_param_count_takes_the_whole_list[microsoft_llama2] tests/test_breakdowns_by_hand.py::test_param_count_takes_the_whole_list[bigscience_tr11_bloom_176B] tests/test_breakdowns_by_hand.py::test_param_count_takes_the_whole_list[microsoft_moe_125M_MoE64]"
   [training_log]="megatron/metrics/training_log.py|tests/test_claims_logging.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
