@@ -43,6 +43,9 @@ def test_state_dict_keys_in_token_mode():
     assert lr.state_dict() == {"num_steps": 3, "max_lr": 1.0, "min_lr": 0.0, "warmup_steps": 2, "decay_steps": 8,
                                "decay_style": "linear", "num_tokens": 48, "warmup_tokens": None,
                                "decay_tokens": 100}
+    lr, _ = schedule(warmup_samples=2, decay_samples=8)  # sample mode: no token position
+    lr.step(3)
+    assert lr.state_dict()["num_tokens"] is None and lr.state_dict()["num_steps"] == 3
 
 
 def test_resume_refusal_names_each_difference_in_one_line():
