@@ -20,9 +20,6 @@ from megatron.model.analytic import analytic_parameter_counts
 from megatron.model.shape import ModelShape
 from megatron.utils import cache_parameter_counts
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-
 # the tiny GPT-2 of these tests: 2 layers, h 64, 4 heads, seq 32, vocab 600 -> padded to 640
 L, H, HEADS, S, V = 2, 64, 4, 32, 640
 F = 4 * H
