@@ -2,6 +2,7 @@
 the memory table's rows of one configuration, the log line's TFLOPs and MFU of a real model's
 FLOPs, and tools/param_count.py's totals for every published script's whole flag list, each from
 a formula written out here from the flags, never from the code's own table or functions."""
+import importlib
 import json
 import os
 from types import SimpleNamespace
@@ -9,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_published_scripts import SCRIPTS, for_the_tool, load, with_local_tokenizer
-from tool_modules import load_tool
 
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.memory import TrainingSetup, format_memory_report
@@ -170,7 +170,8 @@ def test_param_count_takes_the_whole_list(path, hf_tokenizer_dir, sentencepiece_
     """Every flag of the script is one the trainer knows, the tool reads the values the list gives
     last, and its total is the count worked out here from the whole list (MoE scripts: the
     experts' own tests, tests/test_moe.py, hold the hand-derived MoE-64 total)."""
-    tool = load_tool("param_count")
+    # by its dotted name (tools/ as a namespace package): the name mutmut's mutants of it carry
+    tool = importlib.import_module("tools.param_count")
     argv = for_the_tool(with_local_tokenizer(load(path), hf_tokenizer_dir, sentencepiece_model))
     args = tool.parse_args(argv)
     assert args.ignored_flags == []
