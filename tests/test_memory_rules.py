@@ -6,7 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.metrics.memory import HeldParameter, TrainingSetup, format_bytes, model_state_bytes
+from megatron.metrics.memory import (
+    HeldParameter,
+    TrainingSetup,
+    activation_bytes,
+    format_bytes,
+    held_parameters,
+    layer_activation_bytes,
+    model_state_bytes,
+)
+from megatron.model.shape import ModelShape
 
 
 def test_setup_from_the_flags_and_the_ds_config():
@@ -103,3 +112,54 @@ def test_zero3_estimate():
                                     (2 ** 20 - 1, "1024.00 KiB"), (2 ** 20, "1.00 MiB"), (5 * 2 ** 30, "5.00 GiB")])
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
+
+
+# --- activations (the estimate's own rules), the tiny GPT-2: 2 layers, h 64, 4 heads, seq 32,
+# vocab 600 padded to 640, ffn 256, fp32, micro batch 1 ---------------------------------------
+def tiny(**kw):
+    return ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600, **kw)
+
+
+S, H, F, HEADS, V = 32, 64, 256, 4, 640
+LAYER = 4 * S * (4 * H + 4 * H + 2 * F) + 4 * 4 * S + 4 * HEADS * S  # sdpa, no dropout: 132,096
+EMBEDDING = 8 * S + 8 * S
+HEAD = 2 * 4 * S * H + 2 * 4 * S + 4 * S * V + S * 9 + 4 * S + 4
+
+
+def test_math_attention_and_dropout_activations():
+    setup = TrainingSetup(attention_impl="math", attention_dropout=0.1, hidden_dropout=0.1)
+    # the fp32 softmax, its dropout output (4 bytes) and 1-byte mask per score; the context's
+    # contiguous copy; two bool residual-dropout masks
+    expected = LAYER - 4 * HEADS * S + HEADS * S * S * (4 + 4 + 1) + 4 * S * H + 2 * S * H
+    assert layer_activation_bytes(tiny(), setup, 1) == expected == 180_736
+    # math without dropout in fp32: the softmax only (no copy in the activation dtype)
+    plain = TrainingSetup(attention_impl="math")
+    assert layer_activation_bytes(tiny(), plain, 1) == LAYER - 4 * HEADS * S + HEADS * S * S * 4 + 4 * S * H
+
+
+def test_checkpointed_and_pipelined_activations():
+    chunk = 4 * S * H  # a checkpointed chunk's saved input
+    # uniform, one layer per chunk: two chunk inputs + embedding + head; in backward the head is
+    # freed and one layer is recomputed (its saved input not counted twice)
+    per_mb = 2 * chunk + EMBEDDING + HEAD
+    uniform = TrainingSetup(checkpoint_activations=True)
+    assert activation_bytes(tiny(), uniform, 0) == (per_mb - HEAD + LAYER - chunk, per_mb, 1)
+    # block, 1 layer: the first layer's input, the second layer whole
+    block = TrainingSetup(checkpoint_activations=True, checkpoint_method="block")
+    per_mb = chunk + LAYER + EMBEDDING + HEAD
+    assert activation_bytes(tiny(), block, 0) == (per_mb, per_mb, 1)
+    # PP 2, 4 micro-batches under 1F1B: stage 0 keeps 2 in flight, the last stage 1
+    setup = TrainingSetup(num_micro_batches=4)
+    shape = tiny(pipeline_model_parallel_size=2)
+    assert activation_bytes(shape, setup, 0) == (2 * (LAYER + EMBEDDING), LAYER + EMBEDDING, 2)
+    assert activation_bytes(shape, setup, 1) == (LAYER + HEAD, LAYER + HEAD, 1)
+    # --no-pipeline-parallel: one micro-batch at a time
+    assert activation_bytes(tiny(), TrainingSetup(num_micro_batches=4, pipeline=False), 0)[2] == 1
+
+
+def test_last_stage_holds_the_tied_copy_first():
+    last = held_parameters(tiny(pipeline_model_parallel_size=2), 1)
+    # DeepSpeed registers tied modules first; the copy of the position table never gets a gradient
+    assert last[:2] == [HeldParameter(V * H, True, True), HeldParameter(S * H, True, False)]
+    assert sum(p.numel for p in last) == V * H + S * H + 49_984 + 2 * H  # + layer 2 + final norm
+    assert [p.has_grad for p in held_parameters(tiny(pipeline_model_parallel_size=2), 0)] == [True] * 14
