@@ -1,10 +1,22 @@
 """The forks' published launch scripts (tests/data/published_scripts/*.txt) as flag lists, and
 tools/param_count.py loaded to take them."""
+import glob
 import importlib.util
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+SCRIPTS = sorted(glob.glob(os.path.join(HERE, "data", "published_scripts", "*.txt")))
+
+
+def with_local_tokenizer(argv, hf_tokenizer_dir, sentencepiece_model):
+    """The scripts name hub tokenizers (`t5-small`, BigScience's 250k BPE) and cluster paths; nothing
+    is downloaded here, so those point at the small tokenizers tests/conftest.py trains instead."""
+    out = list(argv)
+    for flag, path in (("--tokenizer-name-or-path", hf_tokenizer_dir), ("--tokenizer-model", sentencepiece_model)):
+        if flag in out:
+            out[out.index(flag) + 1] = str(path)
+    return out
 
 
 def load(path):

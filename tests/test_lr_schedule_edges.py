@@ -1,0 +1,77 @@
+"""The LR schedule at its edges (survivors of the mutation run, benchmarks/mutation.sh): no warmup,
+a one-sample warmup, a one-sample decay window, the state dict's keys in token mode and the exact
+resume refusal, each value worked out by hand. In-process, with a bare param_groups holder."""
+from types import SimpleNamespace
+
+import pytest
+
+from megatron.learning_rates import AnnealingLR, schedule_lengths
+from megatron.model.shape import ConfigError
+
+
+def schedule(**kw):
+    opt = SimpleNamespace(param_groups=[{}, {}])
+    kw = {"max_lr": 1.0, "min_lr": 0.0, "warmup_samples": 0, "decay_samples": 10, "decay_style": "linear", **kw}
+    return AnnealingLR(opt, **kw), opt
+
+
+def test_no_warmup_starts_at_max_lr():
+    lr, opt = schedule()  # warmup 0: no 0/0 at the first step, the decay starts at max_lr
+    assert opt.param_groups == [{"lr": 1.0}, {"lr": 1.0}]
+    assert lr.step(5) == 0.5  # linear: 1 - 5/10
+
+
+def test_one_sample_warmup_starts_at_zero():
+    lr, _ = schedule(warmup_samples=1, decay_samples=5)
+    assert lr.get_lr() == 0.0       # n = 0 of a 1-sample warmup
+    assert lr.step(1) == 1.0        # the warmup's end
+    assert lr.step(2) == 0.5        # linear over the 4 samples after the warmup: 1 - 2/4
+
+
+def test_one_sample_decay_window_ends_at_min_lr():
+    lr, _ = schedule(warmup_samples=2, decay_samples=3, min_lr=0.25)
+    lr.step(2)
+    assert lr.step(1) == 0.25       # n = decay: (n - warmup) / (decay - warmup) = 1
+    lr, _ = schedule(warmup_samples=2, decay_samples=3, min_lr=0.25, decay_style="cosine")
+    lr.step(2)
+    assert lr.step(1) == 0.25
+
+
+def test_state_dict_keys_in_token_mode():
+    lr, _ = schedule(warmup_samples=2, decay_samples=8, tokens_per_sample=16, decay_tokens=100)
+    lr.step(3)
+    assert lr.state_dict() == {"num_steps": 3, "max_lr": 1.0, "min_lr": 0.0, "warmup_steps": 2, "decay_steps": 8,
+                               "decay_style": "linear", "num_tokens": 48, "warmup_tokens": None,
+                               "decay_tokens": 100}
+    lr, _ = schedule(warmup_samples=2, decay_samples=8)  # sample mode: no token position
+    lr.step(3)
+    assert lr.state_dict()["num_tokens"] is None and lr.state_dict()["num_steps"] == 3
+
+
+def test_resume_refusal_names_each_difference_in_one_line():
+    saved, _ = schedule(max_lr=2.0, decay_samples=20)
+    lr, _ = schedule()
+    with pytest.raises(ConfigError) as e:
+        lr.load_state_dict(saved.state_dict())
+    assert str(e.value) == (
+        "--load: the checkpoint's learning-rate schedule differs from the flags' (learning rate: saved 2.0 vs "
+        "now 1.0, decay samples: saved 20 vs now 10); pass --override-opt_param-scheduler to use the flags' or "
+        "--use-checkpoint-opt_param-scheduler to keep the checkpoint's")
+
+
+def flags(**kw):
+    base = {"global_batch_size": 8, "train_iters": None, "lr_decay_iters": None, "lr_warmup_iters": 0,
+            "lr_decay_samples": None, "train_samples": None, "lr_warmup_samples": 0, "lr_warmup_fraction": None}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_schedule_lengths_from_each_spelling():
+    # iterations x the global batch; the decay defaults to the run's length
+    assert schedule_lengths(flags(train_iters=100, lr_warmup_iters=5)) == ((40, 800), (None, None))
+    assert schedule_lengths(flags(train_iters=100, lr_decay_iters=50, lr_warmup_iters=5)) == ((40, 400), (None, None))
+    # samples as given; --lr-warmup-fraction of the decay wins over a warmup length
+    assert schedule_lengths(flags(train_samples=1000, lr_warmup_samples=30)) == ((30, 1000), (None, None))
+    assert schedule_lengths(flags(train_samples=1000, lr_decay_samples=600, lr_warmup_fraction=0.25,
+                                  lr_warmup_samples=30)) == ((150, 600), (None, None))
+    assert schedule_lengths(flags(train_samples=1000, lr_warmup_tokens=64, lr_decay_tokens=6400)) == \
+        ((0, 1000), (64, 6400))
