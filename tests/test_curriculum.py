@@ -156,6 +156,39 @@ def test_flops_per_sample_follow_the_trained_length():
     assert cached == measured and model_cached == measured  # no recompute: hardware = model FLOPs
 
 
+def _no_pipeline_steps(config_path):
+    """Three iterations of the Trainer on DeepSpeed's plain engine (--no-pipeline-parallel) with a
+    token-based LR schedule: what the model was fed, the tokens counted and the LR reached."""
+    import pretrain_gpt
+    from megatron.initialize import initialize_megatron
+    from megatron.training import Trainer
+
+    args = initialize_megatron(args_list=[str(f) for f in TINY + [
+        "--no-pipeline-parallel", "--global-batch-size", 4, "--train-iters", 3, "--deepspeed_config", config_path,
+        "--lr-warmup-iters", 0, "--lr-warmup-tokens", 40, "--lr-decay-tokens", 1000, "--min-lr", 0]])
+    trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
+    trainer.build_data_iterators(pretrain_gpt.train_valid_test_datasets_provider, pretrain_gpt.get_batch)
+    fed = []
+    trainer.engine.module.register_forward_pre_hook(lambda module, inputs: fed.append(inputs[0].size(1)))
+    trainer.engine.train()
+    lrs = []
+    for _ in range(3):
+        trainer.train_step()
+        lrs.append(trainer.lr_scheduler.get_lr())
+    return fed, trainer.progress.consumed_train_tokens, lrs
+
+
+def test_no_pipeline_engine_trains_the_cut_batches_and_the_lr_follows_the_trained_tokens(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"curriculum_learning": LINEAR}))
+    [(fed, tokens, lrs)] = run_distributed(1, _no_pipeline_steps, str(path))
+    assert fed == [8, 8, 16, 16, 16, 16]  # two micro-batches per iteration
+    assert tokens == 4 * (8 + 16 + 16)
+    # warm-up over 40 tokens, then linear decay to 0 at 1000 tokens, by the tokens trained so far
+    # (32, 96, 160), not samples x --seq-length (128, 256, 384)
+    assert lrs == pytest.approx([3e-3 * 32 / 40, 3e-3 * (1 - 56 / 960), 3e-3 * (1 - 120 / 960)], rel=1e-12)
+
+
 # --- one real launch: TP1 x PP2, warm-up 8 -> 32 over 6 iterations, save at 3, resume ------------
 
 LAUNCH_SEQLENS = [8, 16, 16, 24, 24, 32, 32, 32]  # iterations 1..8: 8 + 24 x i/6, down to a multiple of 8
