@@ -62,6 +62,18 @@ class CurriculumSchedule:
                 return self._raw(first)
         return self._raw(step)
 
+    def describe(self, seq_length: int) -> str:
+        """The startup line."""
+        if self.schedule_type == "fixed_discrete":
+            how = "; ".join(f"{d} to step {s}" for d, s in zip(self.difficulty, self.max_step, strict=False))
+            how = f"fixed_discrete: {how}; {self.difficulty[-1]} after"
+        else:
+            root = f", root degree {self.root_degree:g}" if self.schedule_type == "fixed_root" else ""
+            how = (f"{self.schedule_type}: {self.min_difficulty} -> {self.max_difficulty} tokens over "
+                   f"{self.total_curriculum_step} iterations in steps of {self.difficulty_step}{root}")
+        return (f"sequence-length curriculum (ds_config curriculum_learning), {how}; training samples cut to it, "
+                f"evaluation at --seq-length {seq_length}")
+
     def seqlens(self) -> tuple[int, ...]:
         """Every length the schedule can train at (the FLOPs cache is built for these once)."""
         if self.min_difficulty >= self.max_difficulty:

@@ -160,6 +160,8 @@ class Trainer:
                                          args.checkpoint_num_layers, flops=args.flops_per_sample)
         for line in report:
             print_rank_0(line)
+        if self.curriculum:
+            print_rank_0(self.curriculum.describe(self.batch.seq_length))
         # when --pp-partition-method flops would split otherwise: its speed-up and both memories
         for line in split_comparison_lines(self.shape, self.metrics.config.memory):
             print_rank_0(line)

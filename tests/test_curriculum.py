@@ -212,6 +212,8 @@ def test_warm_up_launch_counts_the_trained_tokens_and_resumes_exactly(tmp_path):
     ckpt = tmp_path / "ckpt"
     proc, ranks = launch(2, common + ["--save", ckpt, "--save-interval", SAVE_AT, "--tensorboard-dir",
                                       tmp_path / "tb", "--log-timers-to-tensorboard"], str(tmp_path / "whole"))
+    assert ("sequence-length curriculum (ds_config curriculum_learning), fixed_linear: 8 -> 32 tokens over 6 "
+            "iterations in steps of 8; training samples cut to it, evaluation at --seq-length 32") in proc.stdout
     logged = logged_iterations(proc.stdout)
     assert [int(logged[i]["curriculum seqlen"]) for i in range(1, ITERS + 1)] == LAUNCH_SEQLENS
     tokens = [GBS * sum(LAUNCH_SEQLENS[:i]) for i in range(1, ITERS + 1)]
