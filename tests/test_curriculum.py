@@ -211,7 +211,8 @@ def test_warm_up_launch_counts_the_trained_tokens_and_resumes_exactly(tmp_path):
                      "--deepspeed_config", config, "--eval-interval", 2, "--eval-iters", 1]
     ckpt = tmp_path / "ckpt"
     proc, ranks = launch(2, common + ["--save", ckpt, "--save-interval", SAVE_AT, "--tensorboard-dir",
-                                      tmp_path / "tb", "--log-timers-to-tensorboard"], str(tmp_path / "whole"))
+                                      tmp_path / "tb", "--log-timers-to-tensorboard", "--peak-tflops", 2],
+                         str(tmp_path / "whole"))
     assert ("sequence-length curriculum (ds_config curriculum_learning), fixed_linear: 8 -> 32 tokens over 6 "
             "iterations in steps of 8; training samples cut to it, evaluation at --seq-length 32") in proc.stdout
     logged = logged_iterations(proc.stdout)
@@ -230,8 +231,10 @@ def test_warm_up_launch_counts_the_trained_tokens_and_resumes_exactly(tmp_path):
     elapsed = [v for _, v in scalars["iteration-time/iteration-time"]]  # one iteration per log line
     tflops = [v for _, v in scalars["iteration-time/TFLOPs per gpu (estimated)"]]
     per_second = [v for _, v in scalars["iteration-time/tokens per second"]]
+    mfu = [v for _, v in scalars["iteration-time/MFU"]]  # against --peak-tflops 2 per rank
     for i, s in enumerate(LAUNCH_SEQLENS):
         assert tflops[i] * elapsed[i] * 2 * 1e12 == pytest.approx(GBS * _by_hand_flops(s), rel=1e-5), i + 1
+        assert mfu[i] * elapsed[i] * 2 * 2e12 == pytest.approx(GBS * _by_hand_flops(s), rel=1e-5), i + 1
         assert per_second[i] * elapsed[i] == pytest.approx(GBS * s, rel=1e-5), i + 1
     # what the model itself was fed (first stage): each iteration's two micro-batches cut to its
     # length; the evaluations (every 2 iterations, then validation and test at the end) at
