@@ -668,6 +668,7 @@ def _apply_deepspeed_config(args):
     else:
         config = {}
     where = f"--deepspeed_config {args.deepspeed_config}" if args.deepspeed_config else "ds_config"
+    _take_curriculum(config, where, args)
 
     gas = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
     for key, ours, flag in (("train_micro_batch_size_per_gpu", args.micro_batch_size, "--micro-batch-size"),
@@ -723,9 +724,25 @@ def _apply_deepspeed_config(args):
     args.deepspeed_config_dict = config
 
 
+def _take_curriculum(config, where, args):
+    """The legacy top-level `curriculum_learning` block (both forks' sequence-length warm-up) is ours
+    to run (megatron/curriculum.py): DeepSpeed 0.19 rejects the key, so it leaves the config here.
+    A disabled block is dropped with a startup note; an enabled one becomes args.curriculum."""
+    from megatron.curriculum import parse_curriculum
+    args.curriculum = None
+    if "curriculum_learning" not in config:
+        return
+    block = config.pop("curriculum_learning")
+    args.curriculum = parse_curriculum(block, where, args.seq_length)
+    if args.curriculum is None:
+        args.startup_notes = getattr(args, "startup_notes", []) + [
+            f"{where}: curriculum_learning is disabled (\"enabled\": false): dropped (DeepSpeed "
+            f"0.19 no longer accepts the key; an enabled block runs the sequence-length warm-up)"]
+
+
 def _check_with_deepspeed(config, where, args):
     """The installed DeepSpeed parses the config now, before anything is built: a key it rejects
-    (e.g. the legacy top-level `curriculum_learning` of Microsoft's MoE template) is one line.
+    (e.g. a removed top-level block such as `compression_training`) is one line.
     Returns the clipping DeepSpeed applies. Both forks hand DeepSpeed the bare optimizer, so a
     given ds_config alone decides the clipping (its `gradient_clipping`, else DeepSpeed's default);
     a different --clip-grad is reported, not used: the same script trains the same way here."""

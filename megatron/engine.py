@@ -26,16 +26,28 @@ def average_over_data_parallel(loss: torch.Tensor) -> torch.Tensor:
 
 
 class PipelineSteps:
-    """DeepSpeed's PipelineEngine already runs whole batches and averages the loss over DP."""
+    """DeepSpeed's PipelineEngine already runs whole batches and averages the loss over DP.
+    It caches the shapes of the activations and gradients its stages exchange (sent once): when
+    the sequence length of the next batch differs from the last one's (a curriculum's training
+    batches, then evaluation at --seq-length), those caches are reset, as both forks do."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, seq_length: int):
         self.engine = engine
+        self.seq_length = seq_length   # evaluation's
+        self.shape_seqlen: int | None = None  # the length the engine's shape caches hold
 
-    def train_batch(self, data_iterator: Iterator) -> torch.Tensor:
+    def _follow_shape(self, seqlen: int) -> None:
+        if self.shape_seqlen is not None and seqlen != self.shape_seqlen:
+            self.engine.reset_activation_shape()
+        self.shape_seqlen = seqlen
+
+    def train_batch(self, data_iterator: Iterator, seqlen: int | None = None) -> torch.Tensor:
+        self._follow_shape(seqlen or self.seq_length)
         with _moe_aux_loss_scale(self.engine):
             return self.engine.train_batch(data_iter=data_iterator)
 
     def eval_batch(self, data_iterator: Iterator) -> torch.Tensor:
+        self._follow_shape(self.seq_length)
         return self.engine.eval_batch(data_iter=data_iterator)
 
 
@@ -50,7 +62,8 @@ class ModuleSteps:
     def _micro_batches(self):
         return self.engine.gradient_accumulation_steps()
 
-    def train_batch(self, data_iterator: Iterator) -> torch.Tensor:
+    def train_batch(self, data_iterator: Iterator, seqlen: int | None = None) -> torch.Tensor:
+        # seqlen: the batches' own length (no shape cache here)
         with _moe_aux_loss_scale(self.engine):
             return self._train_batch(data_iterator)
 
@@ -69,9 +82,10 @@ class ModuleSteps:
         return average_over_data_parallel(total / self._micro_batches())
 
 
-def engine_steps(engine: Any, forward_step_func: Callable, ds_pipeline_enabled: bool) -> PipelineSteps | ModuleSteps:
-    # engine: the DeepSpeed engine (PipelineEngine or DeepSpeedEngine)
-    return PipelineSteps(engine) if ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
+def engine_steps(engine: Any, forward_step_func: Callable, ds_pipeline_enabled: bool,
+                 seq_length: int) -> PipelineSteps | ModuleSteps:
+    # engine: the DeepSpeed engine (PipelineEngine or DeepSpeedEngine); seq_length: evaluation's
+    return PipelineSteps(engine, seq_length) if ds_pipeline_enabled else ModuleSteps(engine, forward_step_func)
 
 
 def _moe_aux_loss_scale(engine):

@@ -1,7 +1,8 @@
 """Learning-rate schedule: linear warmup, then constant / linear / cosine decay to min-lr,
 measured in samples (iteration-based flags are converted to samples with the global batch), or in
 tokens when --lr-warmup-tokens or --lr-decay-tokens is given (Microsoft's Megatron-DeepSpeed:
-token lengths override the iteration/sample ones; tokens = samples x --seq-length)."""
+token lengths override the iteration/sample ones; tokens: those trained, samples x --seq-length,
+or x a curriculum's shorter length while it warms up, as the fork counts consumed tokens)."""
 import math
 from argparse import Namespace
 from typing import Any
@@ -45,6 +46,7 @@ class AnnealingLR:
         self.warmup_tokens, self.decay_tokens = warmup_tokens, decay_tokens
         self.use_checkpoint_scheduler, self.override_scheduler = use_checkpoint_scheduler, override_scheduler
         self.num_samples = 0  # consumed by the updates applied so far
+        self.num_tokens = 0   # the same in tokens (token mode)
         self.step(0)
 
     @property
@@ -58,7 +60,7 @@ class AnnealingLR:
         t = self.tokens_per_sample
         warmup = self.warmup_tokens if self.warmup_tokens is not None else self.warmup_samples * t
         decay = self.decay_tokens if self.decay_tokens is not None else self.decay_samples * t
-        return self.num_samples * t, warmup, decay
+        return self.num_tokens, warmup, decay
 
     def get_lr(self) -> float:
         n, warmup, decay = self._lengths()
@@ -75,9 +77,12 @@ class AnnealingLR:
             coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + coeff * (self.max_lr - self.min_lr)
 
-    def step(self, samples: int) -> float:
-        """Advance by `samples` (the global batch of the iteration just applied)."""
+    def step(self, samples: int, tokens: int | None = None) -> float:
+        """Advance by `samples` (the global batch of the iteration just applied) holding `tokens`
+        tokens (default samples x tokens_per_sample)."""
         self.num_samples += samples
+        if self.token_based:
+            self.num_tokens += samples * self.tokens_per_sample if tokens is None else tokens
         lr = self.get_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -109,4 +114,7 @@ class AnnealingLR:
                               + ", ".join(differ) + "); pass --override-opt_param-scheduler to use the flags' "
                               "or --use-checkpoint-opt_param-scheduler to keep the checkpoint's")
         self.num_samples = state["num_steps"]
+        if self.token_based:  # a checkpoint saved in sample mode has no token position: derived
+            saved = state.get("num_tokens")
+            self.num_tokens = saved if saved is not None else self.num_samples * self.tokens_per_sample
         self.step(0)

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 from megatron.checkpoint.config import CheckpointConfig
+from megatron.curriculum import CurriculumSchedule
 from megatron.learning_rates import schedule_lengths
 from megatron.metrics.config import LoggingConfig
 from megatron.microbatches import train_samples
@@ -199,6 +200,8 @@ class RunConfig:
     resume: ResumePlan
     logging: LoggingConfig  # the metrics component's section (megatron/metrics/config.py)
     checkpoint: CheckpointConfig  # --save / --load and what they read and write (megatron/checkpoint/config.py)
+    # the ds_config's enabled legacy `curriculum_learning` (sequence-length warm-up, megatron/curriculum.py)
+    curriculum: CurriculumSchedule | None = None
 
     def __post_init__(self) -> None:
         shape, layout = self.model_shape, self.parallel
@@ -225,6 +228,7 @@ class RunConfig:
             resume=resume,
             logging=LoggingConfig.from_args(args),
             checkpoint=CheckpointConfig.from_args(args),
+            curriculum=getattr(args, "curriculum", None),
         )
 
     def deepspeed_config_dict(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 from megatron import mpu, print_rank_0
 from megatron.checkpoint.config import CheckpointConfig
 from megatron.checkpoint.manager import CheckpointManager, set_rng_state
+from megatron.curriculum import CurriculumSchedule, truncate_sample_batch
 from megatron.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
 from megatron.engine import engine_steps, pop_moe_loss
 from megatron.exit_signal import ExitSignalHandler
@@ -118,6 +119,9 @@ class Trainer:
         self.precision = config.precision if config else Precision.from_args(args)
         self.parallel = config.parallel if config else ParallelLayout.from_args(args)
         self.shape = config.model_shape if config else args.model_shape
+        # the ds_config's sequence-length curriculum (megatron/curriculum.py), or None
+        self.curriculum: CurriculumSchedule | None = config.curriculum if config else getattr(args, "curriculum", None)
+        self.seqlen = self.batch.seq_length  # the length the running (or last) training iteration trains at
         # a plain deep copy (DeepSpeed may write into the dict it is given)
         self.deepspeed_config = config.deepspeed_config_dict() if config else copy.deepcopy(args.deepspeed_config_dict)
         self.hooks = hooks or TrainerHooks()
@@ -136,7 +140,8 @@ class Trainer:
                                                self.batch.seq_length))
         self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
         self.setup_model_and_optimizer(model_provider)
-        self.steps = engine_steps(self.engine, forward_step_func, self.parallel.ds_pipeline_enabled)
+        self.steps = engine_steps(self.engine, forward_step_func, self.parallel.ds_pipeline_enabled,
+                                  self.batch.seq_length)
 
     # --- build ---------------------------------------------------------------------------------
 
@@ -155,6 +160,8 @@ class Trainer:
                                          args.checkpoint_num_layers, flops=args.flops_per_sample)
         for line in report:
             print_rank_0(line)
+        if self.curriculum:
+            print_rank_0(self.curriculum.describe(self.batch.seq_length))
         # when --pp-partition-method flops would split otherwise: its speed-up and both memories
         for line in split_comparison_lines(self.shape, self.metrics.config.memory):
             print_rank_0(line)
@@ -198,8 +205,13 @@ class Trainer:
         def watched(data: Any) -> Any:  # a batch as the loader yields it; batch_fn's result
             self.hooks.on_batch(self, data)
             return batch_fn(data)
+
+        def cut(data: Any) -> Any:  # a curriculum's training batch: cut to the running iteration's length
+            self.hooks.on_batch(self, data)
+            return batch_fn(truncate_sample_batch(data, self.seqlen))
         self.train_iter, self.valid_iters, self.test_iters = build_data_iterators(
-            dataset_provider, self.args, self.data, self.evaluation, self.progress, watched, self.total_iterations)
+            dataset_provider, self.args, self.data, self.evaluation, self.progress, watched, self.total_iterations,
+            train_batch_fn=cut if self.curriculum else None)
 
     def run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         """Load, build the data, train, then the end-of-run evaluation and save (or the exit save).
@@ -239,13 +251,17 @@ class Trainer:
 
         An fp16 step whose gradients overflowed updates nothing: the LR schedule does not advance and
         the step is counted as skipped. Its samples were consumed and its compute spent, so consumed
-        samples and gigaflos advance as for any other iteration (as in Megatron-DeepSpeed)."""
-        progress, calculator, seq_length = self.progress, self.calculator, self.batch.seq_length
+        samples and gigaflos advance as for any other iteration (as in Megatron-DeepSpeed).
+
+        Tokens, gigaflos and a token-based LR schedule count the length the iteration trained at
+        (a curriculum's, `self.seqlen`), as the forks count it."""
+        progress, calculator = self.progress, self.calculator
         self.hooks.on_step_start(self)
         gbs = calculator.get_current_global_batch_size()
-        loss = self.steps.train_batch(self.train_iter if data_iterator is None else data_iterator)
+        self.seqlen = seq_length = self.trained_seqlen(progress.iteration + 1)
+        loss = self.steps.train_batch(self.train_iter if data_iterator is None else data_iterator, seq_length)
         if self.engine.was_step_applied():
-            self.lr_scheduler.step(gbs)
+            self.lr_scheduler.step(gbs, tokens=gbs * seq_length)
         else:
             progress.skipped_iterations += 1
         progress.iteration += 1
@@ -258,6 +274,11 @@ class Trainer:
         self._follow_batch_size(gbs)
         self.hooks.on_step_end(self, loss)
         return loss, gbs
+
+    def trained_seqlen(self, iteration: int) -> int:
+        """The sequence length iteration `iteration` (1-based) trains at: the curriculum's, which
+        is a function of the iteration alone (a resumed run continues it exactly), else --seq-length."""
+        return self.curriculum.seqlen(iteration) if self.curriculum else self.batch.seq_length
 
     def _follow_batch_size(self, gbs: int) -> None:
         """--rampup-batch-size: the engine takes the calculator's new global batch."""
@@ -286,7 +307,7 @@ class Trainer:
             if self.exit.check_for_nan_in_loss_and_grad and self.non_finite(loss):
                 self._report_non_finite(loss)
                 return "non-finite"
-            stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss())
+            stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss(), seqlen=self.seqlen)
             self.measure_memory()  # once, after the first iteration: measured vs predicted memory
             if self.metrics.should_log(self.progress.iteration):
                 self.log(stats, timers("interval-time").elapsed(), gbs)
@@ -317,7 +338,8 @@ class Trainer:
             print_rank_0(f"skipping iterations {self.progress.iteration + 1} to {skipped[1]} "
                          f"(--skip-train-iteration-range)")
         gbs = self.calculator.get_current_global_batch_size()
-        skip_iteration(self.calculator, self.train_iter, self.progress, self.batch.seq_length)
+        seqlen = self.trained_seqlen(self.progress.iteration + 1)
+        skip_iteration(self.calculator, self.train_iter, self.progress, seqlen)
         self._follow_batch_size(gbs)
         return True
 
@@ -381,7 +403,8 @@ class Trainer:
         self.hooks.on_log_start(self, stats, lr)
         try:
             self.metrics.log_training(stats, elapsed, self.progress, lr=lr, global_batch_size=global_batch_size,
-                                      total_iterations=self.total_iterations, **values)
+                                      total_iterations=self.total_iterations,
+                                      curriculum_seqlen=self.seqlen if self.curriculum else None, **values)
         finally:
             self.hooks.on_log_end(self)
         self.metrics.log_optimizer_states(self.engine, self.progress)  # --log-optimizer-states-to-tensorboard

@@ -13,13 +13,15 @@ NamedIterators = list[tuple[str | None, Iterator]] | None
 
 
 def build_data_iterators(provider: Callable, args: Namespace, data: DataSettings, evaluation: EvaluationSettings,
-                         progress: TrainingProgress, batch_fn: Callable,
-                         total_iterations: int) -> tuple[Iterator | None, NamedIterators, NamedIterators]:
+                         progress: TrainingProgress, batch_fn: Callable, total_iterations: int,
+                         train_batch_fn: Callable | None = None
+                         ) -> tuple[Iterator | None, NamedIterators, NamedIterators]:
     """Every rank builds the datasets (index caches are written by rank 0 only); the first and
     last pipeline stages (every rank without PP) read batches. Returns the training iterator and,
     for validation and test, a list of (group name, iterator): one unnamed entry for --data-path,
     one per group of --valid/--test-weighted-split-paths; None when the split is empty. `args`
-    goes to the provider only (its own flags: --data-path, --split, ...)."""
+    goes to the provider only (its own flags: --data-path, --split, ...). `train_batch_fn`: the
+    training split's own batch_fn (a curriculum cuts training batches only), default batch_fn."""
     from megatron.data.data_samplers import build_pretraining_data_loader
 
     gbs, eval_iters = data.global_batch_size, evaluation.eval_iters
@@ -41,7 +43,8 @@ def build_data_iterators(provider: Callable, args: Namespace, data: DataSettings
             loader = build_pretraining_data_loader(dataset, position, data.micro_batch_size, dp_rank, dp_size,
                                                    workers)
             if loader is not None:
-                split_iterators.append((name, map(batch_fn, iter(loader) if split == 0 else _cycle(loader))))
+                split_iterators.append((name, map(train_batch_fn or batch_fn, iter(loader)) if split == 0
+                                        else map(batch_fn, _cycle(loader))))
         iterators.append(split_iterators or None)
     train = iterators[0][0][1] if iterators[0] else None
     return train, iterators[1], iterators[2]

@@ -8,7 +8,7 @@ class TrainingProgress:
     iteration: int = 0
     consumed_train_samples: int = 0
     consumed_valid_samples: int = 0
-    consumed_train_tokens: int = 0    # samples x --seq-length (what --train-tokens and token schedules count)
+    consumed_train_tokens: int = 0    # samples x the length trained (--seq-length or a curriculum's)
     gigaflos_no_embeds: float = 0.0   # C = 6 N D so far (N without embeddings), in 1e9 FLOPs
     skipped_iterations: int = 0       # fp16 steps whose update was skipped (gradient overflow)
     last_saved_iteration: int | None = None

@@ -24,7 +24,7 @@ torch is imported lazily: tools/param_count.py uses this module's report without
 """
 from argparse import Namespace
 from collections.abc import Callable
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
 from megatron.model.analytic import (
@@ -273,7 +273,8 @@ def compute_moe_parameter_counts(model: "torch.nn.Module", mpu: ModuleType,
 COUNT_CACHE = ("parameter_counts", "parameter_components", "parameter_stages", "parameters", "parameters_no_embedding",
                "parameters_in_billions", "parameters_in_billions_no_embedding", "parameters_active",
                "parameters_active_no_embedding", "parameters_active_in_billions",
-               "parameters_active_in_billions_no_embedding", "flops_per_sample", "model_flops_per_sample")
+               "parameters_active_in_billions_no_embedding", "flops_per_sample", "model_flops_per_sample",
+               "flops_per_sample_at", "model_flops_per_sample_at")
 
 
 def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespace:
@@ -297,6 +298,15 @@ def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespac
     args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations,
                                              args.activations_checkpoint_method, args.checkpoint_num_layers)
     args.model_flops_per_sample = flops_per_sample(args.model_shape, checkpoint_activations=False)
+    # the same per trained sequence length: --seq-length and every length of a curriculum
+    # (megatron/curriculum.py); the logger looks up the lengths its iterations trained at
+    curriculum = getattr(args, "curriculum", None)
+    lengths = sorted({args.model_shape.seq_length, *(curriculum.seqlens() if curriculum else ())})
+    args.flops_per_sample_at = MappingProxyType({s: flops_per_sample(
+        args.model_shape, args.checkpoint_activations, args.activations_checkpoint_method, args.checkpoint_num_layers,
+        seq_length=s) for s in lengths})
+    args.model_flops_per_sample_at = MappingProxyType(
+        {s: flops_per_sample(args.model_shape, checkpoint_activations=False, seq_length=s) for s in lengths})
     return args
 
 

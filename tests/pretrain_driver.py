@@ -22,6 +22,8 @@ $DRIVER_OUT/rank{R}.json:
     right after writing its ZeRO optimizer file of iteration N's save, mid-save;
   * with DRIVER_HOLD_UNTIL=PATH: every rank waits, once the engine is built (the run holds its
     --save directory by then), until PATH exists (a test does something meanwhile);
+  * each forward of the model on this rank: (training, the sequence length of its [b, s] token
+    input) where the rank's model takes tokens (`model_inputs`; the first pipeline stage, or all);
   * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
     (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
     signal processes while every rank is known to be inside iteration N.
@@ -45,7 +47,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
          "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "lrs": {}, "tokens": {},
-         "samples": [], "evaluations": [], "step_losses": {}}
+         "samples": [], "evaluations": [], "step_losses": {}, "model_inputs": []}
 
 
 def _spy(owner, name, counter):
@@ -77,6 +79,12 @@ class Recorder(TrainerHooks):
         engine = trainer.engine
         state["zero_stage"] = engine.zero_optimization_stage()
         state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+
+        def record_input(module, inputs):
+            tokens = inputs[0] if inputs else None
+            if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
+                state["model_inputs"].append([module.training, tokens.size(1)])
+        engine.module.register_forward_pre_hook(record_input)
         hold = os.environ.get("DRIVER_HOLD_UNTIL")
         while hold and not os.path.exists(hold):
             time.sleep(0.1)

@@ -93,11 +93,11 @@ def shrink(argv, sizes):
     return argv
 
 
-def ds_config(tmp, name, precision=None, zero_stage=0):
+def ds_config(tmp, name, precision=None, zero_stage=0, extra=None):
     """The forks' ds_config templates, small: micro batch, clipping, ZeRO stage and the script's
-    precision (the trainer fills the batch sizes from the flags)."""
+    precision (the trainer fills the batch sizes from the flags); `extra`: the template's other keys."""
     config = {"gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage}, "steps_per_print": 2000,
-              "wall_clock_breakdown": False}
+              "wall_clock_breakdown": False, **(extra or {})}
     if precision:
         config[precision] = {"enabled": True}
     path = tmp / f"{name}_ds_config.json"
@@ -177,7 +177,11 @@ def moe(tmp, data):
              "--train-iters": 1000,  # as in the script, far more than --train-tokens allows
              "--eval-interval": 2, "--eval-iters": 1, "--log-interval": 1, "--save-interval": 1000,
              **outputs(tmp, "moe", argv), **GPT2, "--data-path": data["gpt2"],
-             "--deepspeed_config": ds_config(tmp, "moe")}
+             # Microsoft's MoE template carries a disabled legacy curriculum block (dropped, one note)
+             "--deepspeed_config": ds_config(tmp, "moe", extra={"curriculum_learning": {
+                 "enabled": False, "curriculum_type": "seqlen", "min_difficulty": 80, "max_difficulty": 2048,
+                 "schedule_type": "fixed_linear",
+                 "schedule_config": {"total_curriculum_step": 1000, "difficulty_step": 8}}})}
     h, experts = 32, 2
     # --expert-interval 2 (the forks' default): layer 2 is the MoE layer. Each expert is the dense
     # MLP (8h^2+5h); DeepSpeed's top-1 gate is a bias-free h x E matrix.
@@ -303,6 +307,7 @@ def test_family_specifics(families):
         assert families[name][1]["tokens"] == 384, name
     # EP=2: one of the two experts on each rank, each the dense MLP 8h^2+5h at h=32
     assert "experts per EP rank (EP=2): 1 experts, 8,352 expert parameters" in families["moe"][1]["stdout"]
+    assert "curriculum_learning is disabled" in families["moe"][1]["stdout"]
     assert "FLOPs per sample (model, fwd+bwd, recompute): " in families["recompute"][1]["stdout"]
     assert "--ds-sequence-parallel-size" in next(ln for ln in families["ulysses"][1]["stdout"].splitlines()
                                                  if ln.startswith("accepted, no effect: "))

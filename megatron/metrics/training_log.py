@@ -6,7 +6,7 @@ values the training loop hands over: no collective, no walk over the model's par
 engine. `writer`: the SummaryWriter the MetricsProcessor owns, or a NoWriter."""
 import math
 from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,10 +65,16 @@ class IntervalStats:
     applied: int = 0
     loss: float | torch.Tensor = 0.0  # a tensor sum once a loss was added: no host sync until we log
     moe_loss: torch.Tensor | None = None  # MoE models: the load-balancing loss, summed like `loss`
+    # samples per sequence length trained (a curriculum changes it between iterations); empty: all
+    # at --seq-length
+    samples_at: dict[int, int] = field(default_factory=dict)
 
-    def add(self, loss: torch.Tensor, samples: int, applied: bool, moe_loss: torch.Tensor | None = None) -> None:
+    def add(self, loss: torch.Tensor, samples: int, applied: bool, moe_loss: torch.Tensor | None = None,
+            seqlen: int | None = None) -> None:
         self.iterations += 1
         self.samples += samples
+        if seqlen is not None:
+            self.samples_at[seqlen] = self.samples_at.get(seqlen, 0) + samples
         if applied:
             self.applied += 1
             self.loss = self.loss + loss
@@ -86,26 +92,39 @@ class IntervalStats:
         return None if self.moe_loss is None else float(self.moe_loss) / max(1, self.applied)
 
 
-def throughput(samples: int, elapsed: float, flops_per_sample: float, world_size: int,
-               seq_length: int) -> tuple[float, float, float]:
-    """(samples/s, tokens/s, TFLOPs per GPU) over a logging interval of `samples` samples."""
-    samples_per_second = samples / elapsed
-    tflops = flops_per_sample * samples / (elapsed * world_size * 1e12)
-    return samples_per_second, samples_per_second * seq_length, tflops
+def interval_work(stats: IntervalStats, cache: Namespace, seq_length: int) -> tuple[int, float, float]:
+    """(tokens, FLOPs, model FLOPs) of the interval's samples, each at the length it was trained
+    at: the FLOPs per sample of each length are the ones cached at model build."""
+    if not stats.samples_at:  # every sample at --seq-length
+        return (stats.samples * seq_length, stats.samples * cache.flops_per_sample,
+                stats.samples * cache.model_flops_per_sample)
+    at = stats.samples_at.items()
+    return (sum(n * s for s, n in at), sum(n * cache.flops_per_sample_at[s] for s, n in at),
+            sum(n * cache.model_flops_per_sample_at[s] for s, n in at))
+
+
+def throughput(samples: int, tokens: int, flops: float, elapsed: float,
+               world_size: int) -> tuple[float, float, float]:
+    """(samples/s, tokens/s, TFLOPs per GPU) over a logging interval of `samples` samples holding
+    `tokens` tokens and `flops` FLOPs."""
+    return samples / elapsed, tokens / elapsed, flops / (elapsed * world_size * 1e12)
 
 
 def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: IntervalStats, elapsed: float,
                  progress: TrainingProgress, *, lr: float, grad_norm: float | torch.Tensor | None,
                  loss_scale: float | None, global_batch_size: int, total_iterations: int,
-                 params_norm: float | None = None, num_zeros: int | None = None) -> None:
+                 params_norm: float | None = None, num_zeros: int | None = None,
+                 curriculum_seqlen: int | None = None) -> None:
     """The line over `stats`' iterations, `elapsed` seconds of training steps; total_iterations:
     the run's length (the Trainer's); params_norm / num_zeros: --log-params-norm /
-    --log-num-zeros-in-grad (the fork's tags and fields)."""
+    --log-num-zeros-in-grad (the fork's tags and fields); curriculum_seqlen: the length the last
+    iteration trained at, with a curriculum (Microsoft's fork's field and tags)."""
     loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
-    samples_per_second, tokens_per_second, tflops = throughput(stats.samples, elapsed, cache.flops_per_sample,
-                                                               config.world_size, config.seq_length)
-    mfu = interval_mfu(cache.model_flops_per_sample, stats.samples, elapsed, config.world_size,
+    tokens, flops, model_flops = interval_work(stats, cache, config.seq_length)
+    samples_per_second, tokens_per_second, tflops = throughput(stats.samples, tokens, flops, elapsed,
+                                                               config.world_size)
+    mfu = interval_mfu(model_flops / max(1, stats.samples), stats.samples, elapsed, config.world_size,
                        config.mfu.peak_tflops_per_device)  # None without a known peak
     dp, it = config.data_parallel_size, progress.iteration
 
@@ -124,6 +143,9 @@ def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: In
         write_group(writer, "num-zeros/num-zeros", num_zeros, progress, axes=("iteration", "samples", "tokens"))
     if params_norm is not None:
         write_group(writer, "params-norm/params-norm", params_norm, progress, axes=("iteration", "samples", "tokens"))
+    if curriculum_seqlen is not None:
+        write_group(writer, "seqlen/curriculum_seqlen", curriculum_seqlen, progress,
+                    axes=("iteration", "samples", "tokens"))
     if config.log_timers_to_tensorboard:
         writer.add_scalar("iteration-time/iteration-time", elapsed / stats.iterations, it)
     writer.add_scalar("iteration-time/samples per second", samples_per_second, it)
@@ -151,6 +173,8 @@ def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: In
         line += f" num zeros: {num_zeros:.1f} |"
     if params_norm is not None:
         line += f" params norm: {params_norm:.3f} |"
+    if curriculum_seqlen is not None:
+        line += f" curriculum seqlen: {curriculum_seqlen:5d} |"
     line += f" number of skipped iterations: {stats.skipped:3d} |"
     line += f" samples per second: {samples_per_second:.3f} | TFLOPs: {tflops:.2f} |"
     if mfu is not None:

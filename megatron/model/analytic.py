@@ -192,12 +192,13 @@ def experts_per_expert_parallel_rank(shape: ModelShape) -> tuple[int, int]:
     return experts, experts * expert_parameters(shape)
 
 
-def mlp_forward_flops(shape: ModelShape) -> list[int]:
+def mlp_forward_flops(shape: ModelShape, seq_length: int | None = None) -> list[int]:
     """Forward FLOPs of each layer's MLP slot per sample: the dense MLP (2s x its weight matrices,
     4shf) or, in an MoE layer, the top-k experts' MLPs, the router 2shE and with PR-MoE the dense
     MLP and its coefficient 2sh2. Dispatch / combine are excluded: they move tokens (and an
-    expert's unused capacity slots compute nothing of the model)."""
-    s, h = shape.seq_length, shape.hidden_size
+    expert's unused capacity slots compute nothing of the model). `seq_length`: the tokens per
+    sample actually trained (a curriculum's shorter ones), default --seq-length."""
+    s, h = seq_length or shape.seq_length, shape.hidden_size
     mlp = 2 * s * sum(prod(spec.shape) for spec in _dense_mlp_specs(shape) if len(spec.shape) == 2)  # 4shf
     residual = mlp + 2 * s * h * 2 if shape.mlp_type == "residual" else 0
     return [shape.topk * mlp + 2 * s * h * e + residual if e > 1 else mlp for e in shape.experts_per_layer()]
@@ -398,7 +399,7 @@ def recomputed_layers(shape: ModelShape, method: str | None, num_layers: int) ->
 
 
 def flops_per_sample(shape: ModelShape, checkpoint_activations: bool, method: str | None = None,
-                     num_layers: int = 1) -> int:
+                     num_layers: int = 1, seq_length: int | None = None) -> int:
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
     generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
     layer, forward: QKV 2sh(ad + 2gd), attention scores and context 2 x 2s^2 ad, output
@@ -408,26 +409,28 @@ def flops_per_sample(shape: ModelShape, checkpoint_activations: bool, method: st
     3 for all of them with the uniform method, the default of `checkpoint_activations=True`; for
     the first `num_layers` of each stage with method "block"). The logit layer 2shV, tied or not,
     is never recomputed (factor 3). Elementwise work (norms, activations, softmax, biases, rotary,
-    ALiBi) is ignored and causal attention is counted as dense, as the kernels compute it."""
-    per_layer = layer_forward_flops(shape)
+    ALiBi) is ignored and causal attention is counted as dense, as the kernels compute it.
+    `seq_length`: a sample of that many tokens (a curriculum's shorter ones; the model's pipeline
+    split and its recomputed layers stay those of the shape), default the shape's --seq-length."""
+    per_layer = layer_forward_flops(shape, seq_length)
     method = (method or "uniform") if checkpoint_activations else None
     recompute = sum(per_layer[i] for i in recomputed_layers(shape, method, num_layers))
-    return 3 * sum(per_layer) + recompute + 3 * logits_forward_flops(shape)
+    return 3 * sum(per_layer) + recompute + 3 * logits_forward_flops(shape, seq_length)
 
 
-def layer_forward_flops(shape: ModelShape) -> list[int]:
+def layer_forward_flops(shape: ModelShape, seq_length: int | None = None) -> list[int]:
     """Forward FLOPs per sample of each transformer layer (see flops_per_sample)."""
-    s, h = shape.seq_length, shape.hidden_size
+    s, h = seq_length or shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     qkv = 2 * s * h * (a * d + 2 * g * d)
     attention = 4 * s * s * a * d
     projection = 2 * s * a * d * h
-    return [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape)]
+    return [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape, s)]
 
 
-def logits_forward_flops(shape: ModelShape) -> int:
+def logits_forward_flops(shape: ModelShape, seq_length: int | None = None) -> int:
     """The output layer's 2shV per sample (tied or not)."""
-    return 2 * shape.seq_length * shape.hidden_size * shape.padded_vocab_size
+    return 2 * (seq_length or shape.seq_length) * shape.hidden_size * shape.padded_vocab_size
 
 
 def gigaflos_no_embeds(samples: int, seq_length: int, parameters_no_embedding: int) -> float:
