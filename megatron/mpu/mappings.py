@@ -2,7 +2,7 @@
 
 Each function is the identity when TP=1, so the TP=1 model runs no collective at all.
 The sequence-parallel ones (--sequence-parallel) cut or join activations [s, b, h] along the
-sequence (dim 0): all_gather_into_tensor / reduce_scatter_tensor on the contiguous tensor are
+sequence (dim 0): all_gather_single / reduce_scatter_single on the contiguous tensor are
 exactly a concatenation / a sum-then-split along dim 0.
 """
 from typing import Any
@@ -49,7 +49,7 @@ def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
         return x
     x = x.contiguous()
     out = torch.empty((world * x.size(0), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x, group=get_tensor_model_parallel_group())
+    dist.all_gather_single(out, x, group=get_tensor_model_parallel_group())
     return out
 
 
@@ -60,7 +60,7 @@ def _reduce_scatter_first_dim(x: torch.Tensor) -> torch.Tensor:
         return x
     x = x.contiguous()
     out = torch.empty((divide_sequence(x.size(0), world), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(out, x, group=get_tensor_model_parallel_group())
+    dist.reduce_scatter_single(out, x, group=get_tensor_model_parallel_group())
     return out
 
 
