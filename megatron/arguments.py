@@ -537,13 +537,16 @@ def _resolve_activation_checkpointing(args):
 
 
 def _validate_sequence_parallel(args):
-    """--sequence-parallel: off at TP 1 as in Megatron-LM (the no-effect line names it); at TP > 1
-    every rank holds s/TP positions of the sequence."""
+    """--sequence-parallel: off at TP 1 as in Megatron-LM (a startup note says so); at TP > 1 every
+    rank holds s/TP positions of the sequence."""
     if not args.sequence_parallel:
         return
     tp = args.tensor_model_parallel_size
     if tp == 1:
         args.sequence_parallel = False
+        args.startup_notes = getattr(args, "startup_notes", []) + [
+            "--sequence-parallel is off at --tensor-model-parallel-size 1: no TP ranks to shard the sequence over "
+            "(as in Megatron-LM)"]
         return
     _require(args.seq_length % tp == 0,
              f"--sequence-parallel: --seq-length {args.seq_length} is not divisible by --tensor-model-parallel-size "

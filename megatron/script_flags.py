@@ -23,8 +23,6 @@ NO_EFFECT = {
     "--use-flash-attn-triton": "attention is exact either way",
     "--use-flash-attn-builder": "attention is exact either way",
     "--no-query-key-layer-scaling": "query-key layer scaling is never applied here",
-    "--sequence-parallel": "at --tensor-model-parallel-size 1 there are no TP ranks to shard over (Megatron-LM "
-                           "turns it off there); at TP > 1 it runs",
     "--ds-sequence-parallel-size": "1 is no sequence parallelism (larger sizes are refused)",
     "--timing-log-level": "one timer, the iteration time, is reported at every level",
     "--no-load-lr-state": "Microsoft's fork defines it but never reads it: the LR state loads as without it",
@@ -35,8 +33,7 @@ NO_EFFECT = {
     "--recompute-granularity": "selective recomputes attention's core: the same math (full is implemented)",
 }
 # a flag of NO_EFFECT that has an effect with this value (its dest, the value)
-EFFECTIVE_WHEN = {"--recompute-granularity": ("recompute_granularity", "full"),
-                  "--sequence-parallel": ("sequence_parallel", True)}  # validation turns it off at TP 1
+EFFECTIVE_WHEN = {"--recompute-granularity": ("recompute_granularity", "full")}
 
 
 def given_flags(parser: ArgumentParser, argv: Iterable[object]) -> list[str]:

@@ -141,11 +141,11 @@ def test_sequence_parallel_flags(tmp_path):
     # DeepSpeed's pipeline engine would send 1/TP of a (then different) stage output per TP rank
     assert args.deepspeed_config_dict["pipeline"] == {"pipe_partitioned": False, "grad_partitioned": False}
     assert "pipeline" not in validated(["--tensor-model-parallel-size", 2], world_size=2).deepspeed_config_dict
-    # TP 1: off, as in Megatron-LM, and named in the no-effect line
+    # TP 1: off, as in Megatron-LM, with a startup note (a flag that acts is never in the no-effect line)
     args = validated(["--sequence-parallel"])
-    assert not args.sequence_parallel
-    assert "--sequence-parallel" in no_effect_line(args)
-    assert no_effect_line(validated(["--sequence-parallel", "--tensor-model-parallel-size", 2], world_size=2)) is None
+    assert not args.sequence_parallel and no_effect_line(args) is None
+    assert args.startup_notes == ["--sequence-parallel is off at --tensor-model-parallel-size 1: no TP ranks to "
+                                  "shard the sequence over (as in Megatron-LM)"]
 
 
 @pytest.mark.parametrize("extra, message", [
