@@ -95,28 +95,46 @@ def _activations(out):
     return rows
 
 
-def test_tp2_pp2_sequence_parallel_trains_as_one_rank():
-    """Real gloo ranks through pretrain_gpt.main: TP2 x PP2 (DeepSpeed's pipeline engine sends the
-    [s/2, b, h] shards between stages) against one rank, 6 iterations of 2 micro-batches."""
+@pytest.fixture(scope="module")
+def one_rank():
+    return run_distributed(1, _train, RUN)[0]
+
+
+TP2 = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+LAYOUTS = {  # DeepSpeed's pipeline engine sends the [s/2, b, h] shards between the stages
+             "tp2_pp2": TP2 + ["--pipeline-model-parallel-size", "2"],
+             # the plain-module engine, ZeRO 2 moving gradients into its buckets during backward,
+             # DP 2, recomputed layers whose saved inputs are shards
+             "tp2_dp2_zero2_checkpointed": TP2 + ["--no-pipeline-parallel", "--zero-stage", "2",
+                                                  "--checkpoint-activations"]}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sequence_parallel_trains_as_one_rank(layout, one_rank):
+    """Real gloo ranks through pretrain_gpt.main, 4 of them, against one rank: 6 iterations of
+    a global batch of 4 (one rank: 2 micro-batches)."""
     from megatron.launch import logged_iterations
-    [reference] = run_distributed(1, _train, RUN)
-    out = "".join(run_distributed(4, _train, RUN + ["--tensor-model-parallel-size", "2",
-                                                    "--pipeline-model-parallel-size", "2", "--sequence-parallel"],
-                                  tp=2, pp=2))
-    ref, got = logged_iterations(reference), logged_iterations(out)
+    out = "".join(run_distributed(4, _train, RUN + LAYOUTS[layout], tp=2, pp=2 if "pp2" in layout else 1))
+    ref, got = logged_iterations(one_rank), logged_iterations(out)
     assert sorted(got) == list(range(1, 7))
     for it in got:  # from iteration 2 on the losses carry every gradient of the step before
         assert got[it]["lm loss"] == pytest.approx(ref[it]["lm loss"], rel=1e-5), it
         assert got[it]["grad norm"] == pytest.approx(ref[it]["grad norm"], abs=2e-3), it
         assert got[it]["consumed tokens"] == ref[it]["consumed tokens"]
-    # the count and FLOPs per sample are the model's, not the layout's
-    for prefix in ("estimated model parameters:", "model parameters (exact):", "FLOPs per sample"):
-        assert _line(out, prefix).split(" (TP=")[0] == _line(reference, prefix).split(" (TP=")[0]
+    # the count and FLOPs per sample are the model's, not the layout's (recompute adds FLOPs, SP none)
+    flops = () if "--checkpoint-activations" in LAYOUTS[layout] else ("FLOPs per sample",)
+    for prefix in ("estimated model parameters:", "model parameters (exact):", *flops):
+        assert _line(out, prefix).split(" (TP=")[0] == _line(one_rank, prefix).split(" (TP=")[0]
     assert "accepted, no effect" not in out  # at TP 2 the flag acts
     assert "sequence parallel):" in _line(out, "memory per rank (predicted;")
     # activations per rank: the estimate is what autograd saved, to the byte, on every rank
     acts = _activations(out)
     assert sorted(acts) == [0, 1, 2, 3] and all(est == measured for est, measured in acts.values()), acts
+    if layout == "tp2_pp2":
+        _by_hand_tp2_pp2([acts[r][0] for r in range(4)])
+
+
+def _by_hand_tp2_pp2(estimates):
     # by hand (fp32, s 32, b 2, h 64, f 256, t 2, 2 heads per rank): one layer saves the norms'
     # inputs and outputs and their fp32 mean/rstd per shard, 4 (4h/2 sb + 16 sb / 2), QKV and
     # context 4 * 4h/2 sb, h->4h and GeLU 4 * 2f/2 sb, the logsumexp 4 b a s = 512
@@ -125,11 +143,12 @@ def test_tp2_pp2_sequence_parallel_trains_as_one_rank():
     embedding = 8 * sb + 8 * 32 + sb  # token and position ids, the out-of-slice mask
     head = (2 * 4 * sb * 64 + 8 * sb) // 2 + 4 * sb * 320 + 9 * sb + 4 * sb + 4  # norm per shard; logits V/2
     first_stage, last_stage = 2 * (layer + embedding), layer + head  # 1F1B: 2 micro-batches in flight on stage 0
-    assert [acts[r][0] for r in range(4)] == [first_stage, first_stage, last_stage, last_stage]
-    # without sequence parallelism each layer holds the norms' 4 sbh + 4 sb whole, the head 2 sbh + 2 sb:
-    # sequence parallelism saves half of them (tests/test_memory_measured.py measures that layout)
-    assert (first_stage + 2 * (4 * sb * 4 * 64 + 16 * sb) // 2, last_stage + (4 * sb * 4 * 64 + 16 * sb) // 2
-            + (2 * 4 * sb * 64 + 8 * sb) // 2) == (332_416, 281_412)
+    assert estimates == [first_stage, first_stage, last_stage, last_stage] == [265_856] * 2 + [231_492] * 2
+    # without sequence parallelism a layer holds the norms' 4 sbh values and 4 sb statistics whole, the
+    # head 2 sbh + 2 sb: here half of each stays, 66,560 bytes less on stage 0 (2 micro-batches of one
+    # layer) and 49,920 on stage 1 (a layer and the head) than the 332,416 / 281,412 of that layout
+    layer_saved, head_saved = (4 * sb * 4 * 64 + 16 * sb) // 2, (2 * 4 * sb * 64 + 8 * sb) // 2
+    assert (2 * layer_saved, layer_saved + head_saved) == (66_560, 49_920)
 
 
 # --- flags -------------------------------------------------------------------------------------
