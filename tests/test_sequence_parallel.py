@@ -184,3 +184,26 @@ def test_refusals(extra, message, tmp_path):
         extra = ["--deepspeed_config", path]
     with pytest.raises(ConfigError, match=re.escape(message)):
         validated(["--sequence-parallel", "--tensor-model-parallel-size", 4, *extra], world_size=4)
+
+
+def test_param_count_tool_takes_the_flag():
+    """tools/param_count.py prints the trainer's memory table: the activations the TP2 x PP2 ranks
+    measured above (by hand in _by_hand_tp2_pp2), and without the flag the whole-norm numbers."""
+    from tool_modules import load_tool
+    tool = load_tool("param_count")
+    flags = [*RUN, "--tensor-model-parallel-size", 2, "--pipeline-model-parallel-size", 2]
+
+    def table(*extra):
+        lines = tool.report(tool.parse_args([str(f) for f in [*flags, *extra]]))
+        header = next(i for i, ln in enumerate(lines) if ln.startswith("memory per rank"))
+        acts = [int(ln.split("|")[5].replace(",", "")) for ln in lines[header + 2:header + 4]]
+        return lines[0], lines[header], acts
+
+    count, header, acts = table("--sequence-parallel")
+    assert header.endswith(", sequence parallel):") and acts == [265_856, 231_492]
+    count_without, header, acts = table()
+    assert "sequence parallel" not in header and acts == [332_416, 281_412]
+    assert count == count_without == "parameters: 143,104"
+    with pytest.raises(ConfigError, match="--seq-length 34 is not divisible by --tensor-model-parallel-size 4"):
+        tool.parse_args([str(f) for f in [*RUN, "--tensor-model-parallel-size", 4, "--sequence-parallel",
+                                          "--seq-length", 34, "--max-position-embeddings", 40]])
