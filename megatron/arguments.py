@@ -241,6 +241,9 @@ def _add_distributed_args(parser):
     g = parser.add_argument_group("distributed")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism (TP > 1): norms, dropouts and residuals on sequence shards "
+                        "of the TP ranks; off at TP 1")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo", "ccl"], default=None,
                    help="default: nccl on CUDA, gloo on CPU")
     g.add_argument("--no-shm-tp-all-reduce", dest="shm_tp_all_reduce", action="store_false",
@@ -359,7 +362,6 @@ def _add_published_script_args(parser):
         g.add_argument(flag, action="store_true", help="accepted; no effect (attention is exact either way)")
     g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
                    help="accepted; no effect (never applied here)")
-    g.add_argument("--sequence-parallel", action="store_true", help="accepted; no effect")
     g.add_argument("--ds-sequence-parallel-size", type=int, default=1,
                    help="DeepSpeed-Ulysses sequence parallelism: only 1 (none) is supported")
 
@@ -493,6 +495,7 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
     _validate_moe(args)
+    _validate_sequence_parallel(args)
     _validate_batch_sizes(args)
     _validate_training_length(args)
     if args.skip_train_iteration_range:
@@ -531,6 +534,38 @@ def _resolve_activation_checkpointing(args):
         args.checkpoint_activations = True
     elif args.checkpoint_activations:
         args.activations_checkpoint_method = "uniform"
+
+
+def _validate_sequence_parallel(args):
+    """--sequence-parallel: off at TP 1 as in Megatron-LM (a startup note says so); at TP > 1 every
+    rank holds s/TP positions of the sequence."""
+    if not args.sequence_parallel:
+        return
+    tp = args.tensor_model_parallel_size
+    if tp == 1:
+        args.sequence_parallel = False
+        args.startup_notes = getattr(args, "startup_notes", []) + [
+            "--sequence-parallel is off at --tensor-model-parallel-size 1: no TP ranks to shard the sequence over "
+            "(as in Megatron-LM)"]
+        return
+    _require(args.seq_length % tp == 0,
+             f"--sequence-parallel: --seq-length {args.seq_length} is not divisible by --tensor-model-parallel-size "
+             f"{tp}: each TP rank holds seq-length / TP positions; use a multiple of {tp} or drop --sequence-parallel")
+    _require(not args.model_shape.is_moe,
+             "--sequence-parallel with MoE layers (--num-experts) is not supported: the experts take whole "
+             "sequences; drop --sequence-parallel")
+
+
+def _stage_boundaries_whole(config, where):
+    """DeepSpeed's pipeline engine by default sends 1/TP of a stage's output from each TP rank and
+    all-gathers it on the next stage (pipeline.pipe_partitioned / grad_partitioned), which assumes
+    the TP ranks hold the same tensor; under sequence parallelism each holds its own shard."""
+    pipeline = config.setdefault("pipeline", {})
+    for key in ("pipe_partitioned", "grad_partitioned"):
+        _require(not pipeline.get(key, False),
+                 f"{where}: pipeline.{key}=true does not work with --sequence-parallel (each TP rank sends its own "
+                 f"sequence shard between stages): set it to false or drop --sequence-parallel")
+        pipeline[key] = False
 
 
 def _validate_moe(args):
@@ -692,6 +727,8 @@ def _apply_deepspeed_config(args):
         config["bf16"] = {"enabled": True}
     if not args.deepspeed_config:
         config["gradient_clipping"] = args.clip_grad  # no ds_config: the flag clips, as Megatron's optimizer does
+    if args.sequence_parallel:
+        _stage_boundaries_whole(config, where)
     zero = config.setdefault("zero_optimization", {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage

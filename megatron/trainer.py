@@ -150,6 +150,8 @@ class Trainer:
         model = model_provider(args)
         if args.sync_tp_duplicated_parameters:
             install_tp_duplicate_sync(model, mpu)
+        if args.sequence_parallel:  # norms and row-parallel biases saw one sequence shard each
+            mpu.install_sequence_parallel_grad_allreduce(model)
         # the one and only parameter count of the run
         self.counts = compute_parameter_counts(model, mpu, self.shape)  # stops on a parameter the table lacks
         self.hooks.on_parameter_counts(self, self.counts)

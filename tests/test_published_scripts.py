@@ -152,7 +152,7 @@ def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
     with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED + tensorboard, TINY)[0]
     line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, --no-query-key-layer-scaling, "
             "--abort-on-unmet-fused-kernel-constraints, --no-async-tensor-model-parallel-allreduce, "
-            "--use-flash-attn-triton, --use-flash-attn-v2, --sequence-parallel, --ds-sequence-parallel-size, "
+            "--use-flash-attn-triton, --use-flash-attn-v2, --ds-sequence-parallel-size, "
             "--no-masked-softmax-fusion, --DDP-impl (README.md, 'Flags accepted with no effect', says why)")
     assert with_flags.splitlines().count(line) == 1
     assert "accepted, no effect" not in without

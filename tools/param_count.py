@@ -96,6 +96,7 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
     if args.rampup_batch_size:  # the trainer's rule: every ramp-up batch splits into micro batches x DP
         arguments.validate_rampup(args, args.data_parallel_size)
     args.zero_stage = args.zero_stage or 0
+    arguments._validate_sequence_parallel(args)  # off at TP 1; TP must divide the sequence
     arguments._require(args.zero_stage in (0, 1, 2, 3), f"--zero-stage {args.zero_stage} must be 0, 1, 2 or 3")
     return TrainingSetup.from_args(args)
 

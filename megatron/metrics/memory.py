@@ -66,6 +66,7 @@ class TrainingSetup:
     overlap_comm: bool = False
     grad_accum_dtype: str | None = None  # ds_config data_types.grad_accum_dtype; None: the model dtype
     moe: bool = False                    # an MoE model: DeepSpeed reduces the gradients even at DP = 1
+    sequence_parallel: bool = False      # --sequence-parallel at TP > 1 (validation turns it off at TP 1)
 
     @classmethod
     def from_args(cls, args: Namespace, fused_adam: bool = False) -> "TrainingSetup":
@@ -87,7 +88,7 @@ class TrainingSetup:
                    reduce_bucket_size=int(zero.get("reduce_bucket_size", REDUCE_BUCKET_SIZE)),
                    overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
                    grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype"),
-                   moe=args.model_shape.is_moe)
+                   moe=args.model_shape.is_moe, sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
 
     @property
     def model_bytes(self) -> int:
@@ -232,12 +233,21 @@ def _zero3_estimate(params: Sequence[HeldParameter], setup: TrainingSetup) -> tu
 
 # --- activations (estimate) ------------------------------------------------------------------
 
+def sequence_shards(shape: ModelShape, setup: TrainingSetup) -> int:
+    """Into how many parts sequence parallelism cuts the activations outside the TP linears: the
+    norms' inputs and outputs (the column-parallel linears save their input shard and gather it
+    again in backward), their statistics, the dropout masks and checkpointed layer inputs."""
+    return shape.tensor_model_parallel_size if setup.sequence_parallel else 1
+
+
 def layer_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> int:
     """Bytes one transformer layer saves for backward for a micro-batch of `b` sequences on one
     TP rank. Korthikanti et al. count s b h (34 + 5 a s / h) at 2 bytes and TP=1; for our layer:
     LayerNorm inputs and outputs 4 sbh, QKV output 3sbh/t (q, k, v are views of it), attention
     output sbh/t (the dense layer's input is a view of it), h->4h output and GeLU output 2sbf/t,
-    plus fp32 LayerNorm statistics. sdpa (flash kernel) keeps a logsumexp instead of the s x s
+    plus fp32 LayerNorm statistics. Under sequence parallelism the LayerNorm items and the
+    residual dropout masks are per sequence shard: / t (Korthikanti et al.'s 34/t). sdpa (flash
+    kernel) keeps a logsumexp instead of the s x s
     probabilities. The "math" implementation keeps the fp32 softmax, its copy in the activation
     dtype (or the dropout output) and a contiguous copy of the context; dropout keeps 1-byte masks
     (CUDA's fused dropout; on CPU torch keeps a mask in the activation dtype instead)."""
@@ -245,7 +255,9 @@ def layer_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> i
     t, a = shape.tensor_model_parallel_size, shape.num_attention_heads // shape.tensor_model_parallel_size
     act = setup.model_bytes
     sb = s * b
-    total = act * sb * (4 * h + 4 * h // t + 2 * f // t) + 4 * 4 * sb  # + LayerNorm mean/rstd, fp32
+    sp = sequence_shards(shape, setup)
+    # LayerNorm inputs and outputs (per shard under SP), QKV + context, h->4h + GeLU; mean/rstd fp32
+    total = act * sb * (4 * h // sp + 4 * h // t + 2 * f // t) + 4 * 4 * sb // sp
     if setup.attention_impl == "sdpa":
         total += 4 * b * a * s  # logsumexp; flash attention's dropout keeps an RNG state, no mask
     else:
@@ -253,7 +265,7 @@ def layer_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> i
         total += b * a * s * s * (4 + (act if act != 4 or dropout else 0) + (1 if dropout else 0))
         total += act * sb * h // t  # the context's contiguous re-layout
     if setup.hidden_dropout > 0:
-        total += 2 * sb * h  # bool masks of the two residual dropouts
+        total += 2 * sb * h // sp  # bool masks of the two residual dropouts
     return total
 
 
@@ -263,7 +275,7 @@ def _embedding_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int)
     if t > 1:
         total += b * s  # the out-of-slice mask
     if setup.hidden_dropout > 0:
-        total += b * s * shape.hidden_size
+        total += b * s * shape.hidden_size // sequence_shards(shape, setup)  # the dropout mask
     return total
 
 
@@ -271,7 +283,8 @@ def _head_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> i
     """Final LayerNorm, logits and the vocab-parallel cross entropy (fp32 softmax)."""
     s, h, t = shape.seq_length, shape.hidden_size, shape.tensor_model_parallel_size
     sb = s * b
-    return (2 * setup.model_bytes * sb * h + 2 * 4 * sb      # LayerNorm input and output, stats
+    sp = sequence_shards(shape, setup)  # the logits' linear saves the norm's output shard
+    return ((2 * setup.model_bytes * sb * h + 2 * 4 * sb) // sp  # LayerNorm input and output, stats
             + 4 * sb * shape.padded_vocab_size // t          # softmax
             + sb * (1 + 8) + 4 * sb + 4)                      # outside mask, local ids; loss mask, count
 
@@ -295,7 +308,7 @@ def activation_bytes(shape: ModelShape, setup: TrainingSetup, stage: int) -> tup
         per_micro_batch = layers * per_layer + embedding + head
         return in_flight * per_micro_batch, per_micro_batch, in_flight
     k = min(setup.checkpoint_num_layers, layers)
-    chunk_input = setup.model_bytes * shape.seq_length * b * shape.hidden_size
+    chunk_input = setup.model_bytes * shape.seq_length * b * shape.hidden_size // sequence_shards(shape, setup)
     if setup.checkpoint_method == "block":
         per_micro_batch = k * chunk_input + (layers - k) * per_layer + embedding + head
         in_backward = k * chunk_input + embedding + (per_layer - chunk_input if k else 0)
@@ -345,7 +358,7 @@ def format_memory_report(shape: ModelShape, setup: TrainingSetup,
     lines = [f"memory per rank (predicted; {setup.precision}, ZeRO {setup.zero_stage}, "
              f"{WRAPPER_NAMES[setup.optimizer_wrapper()]}, DP={setup.data_parallel_size}, micro batch "
              f"{setup.micro_batch_size} x {setup.num_micro_batches}"
-             f"{_checkpointing_note(setup)}):",
+             f"{_checkpointing_note(setup)}{', sequence parallel' if setup.sequence_parallel else ''}):",
              "  stage | dp rank |         weights |       gradients |       optimizer |    activations* |"
              "           total"]
     for stage in range(shape.pipeline_model_parallel_size):

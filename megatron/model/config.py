@@ -27,6 +27,9 @@ class GPTConfig:
     attention_impl: str = "sdpa"  # "math" spells attention out as matmuls (FLOP-countable)
     rope_theta: float = 10000.0   # rotary base (--rotary-position-embeddings-theta)
     moe: MoEOptions = MoEOptions()  # capacity, loss coefficient, ... of the MoE layers (if any)
+    # --sequence-parallel (TP > 1 only; validation turns it off at TP 1): norms, dropouts and
+    # residuals on sequence shards [s/tp, b, h]; the same math
+    sequence_parallel: bool = False
 
     @classmethod
     def from_args(cls, args: Namespace) -> "GPTConfig":
@@ -36,7 +39,8 @@ class GPTConfig:
                    checkpoint_activations=args.checkpoint_activations,
                    checkpoint_num_layers=args.checkpoint_num_layers,
                    checkpoint_method=args.activations_checkpoint_method or "uniform",
-                   attention_impl=args.attention_impl, rope_theta=args.rope_theta, moe=MoEOptions.from_args(args))
+                   attention_impl=args.attention_impl, rope_theta=args.rope_theta, moe=MoEOptions.from_args(args),
+                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
 
     def init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
         std = self.init_method_std

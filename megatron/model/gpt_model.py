@@ -18,11 +18,12 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
 from megatron.deepspeed_internals import set_random_seed, set_stage_bounds, stop_reseeding_layers
+from megatron.mpu import mark_sequence_parallel
 
 from .analytic import stage_parts
 from .config import GPTConfig
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
-from .layer_norm import norm_class
+from .layer_norm import LAYER_NORM_TYPES, norm_class
 from .moe.aux_loss import collect_aux_losses, record_moe_loss
 from .partition import DEFAULT_METHOD, FLOPS_METHOD
 from .shape import PipeLayer
@@ -53,6 +54,7 @@ class GPTModel(nn.Module):
         super().__init__()
         self.language_model = TransformerLanguageModel(config, seed)
         self.is_moe = config.shape.is_moe
+        self.sequence_parallel = config.sequence_parallel
 
     def word_embeddings_weight(self) -> torch.Tensor:
         return self.language_model.embedding.word_embeddings_weight
@@ -68,7 +70,7 @@ class GPTModel(nn.Module):
         moe loss: megatron/model/moe/aux_loss.py)."""
         with collect_aux_losses() as aux_losses:
             hidden_states = self.language_model(tokens)
-        logits = parallel_lm_logits(hidden_states, self.output_weight())
+        logits = parallel_lm_logits(hidden_states, self.output_weight(), self.sequence_parallel)
         if labels is None:
             return logits
         if self.is_moe and self.training and torch.is_grad_enabled():
@@ -81,7 +83,7 @@ class EmbeddingPipe(Embedding):
 
 
 def _logits_helper(embedding, hidden_states):
-    return parallel_lm_logits(hidden_states, embedding.word_embeddings_weight)
+    return parallel_lm_logits(hidden_states, embedding.word_embeddings_weight, embedding.sequence_parallel)
 
 
 def _pipe_loss(logits, labels):
@@ -157,6 +159,11 @@ class GPTModelPipe(PipelineModule):
             raise RuntimeError(f"--pp-partition-method {method}: DeepSpeed split the layers at {list(self.parts)}, "
                                f"megatron/model/partition.py predicts {list(self._parts)}")
         self.num_transformer_layers = shape.num_layers
+        if config.sequence_parallel:  # the final norm (a plain LayerSpec) runs on a sequence shard too
+            for module in self.forward_funcs:
+                if isinstance(module, LAYER_NORM_TYPES):
+                    for p in module.parameters():
+                        mark_sequence_parallel(p)
         # seed_layers is for building only: left on, DeepSpeed would also reseed every layer in
         # every forward from a micro-batch counter that checkpoints do not save, so a resumed
         # run would replay the first iterations' dropout masks

@@ -32,6 +32,7 @@ class Embedding(nn.Module):
         if shape.embed_layernorm and mpu.get_pipeline_model_parallel_rank() == 0:
             self.embedding_layernorm = LayerNorm(shape.hidden_size, eps=config.layernorm_epsilon)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
+        self.sequence_parallel = config.sequence_parallel  # also read by the tied output layer
 
     @property
     def word_embeddings_weight(self) -> torch.Tensor:
@@ -44,7 +45,13 @@ class Embedding(nn.Module):
             embeddings = self.embedding_layernorm(embeddings)
         if self.position_embeddings is not None:
             embeddings = embeddings + self.position_embeddings(torch.arange(input_ids.size(1), device=input_ids.device))
-        return self.embedding_dropout(embeddings.transpose(0, 1).contiguous())
+        embeddings = embeddings.transpose(0, 1).contiguous()
+        if not self.sequence_parallel:
+            return self.embedding_dropout(embeddings)
+        # this rank's sequence shard [s/tp, b, h]; its dropout mask is its own (model-parallel RNG)
+        embeddings = mpu.scatter_to_sequence_parallel_region(embeddings)
+        with mpu.get_cuda_rng_tracker().fork():
+            return self.embedding_dropout(embeddings)
 
 
 class OutputLayer(nn.Module):
@@ -56,13 +63,18 @@ class OutputLayer(nn.Module):
         shape = config.shape
         self.weight = _sliced_parameter((shape.padded_vocab_size, shape.hidden_size), 0, config.init_method(),
                                         config.params_dtype)
+        self.sequence_parallel = config.sequence_parallel
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return parallel_lm_logits(hidden_states, self.weight)
+        return parallel_lm_logits(hidden_states, self.weight, self.sequence_parallel)
 
 
-def parallel_lm_logits(hidden_states: torch.Tensor, word_embeddings_weight: torch.Tensor) -> torch.Tensor:
-    """[s, b, h] x [V/tp, h] -> [s, b, V/tp]: logits for this TP rank's vocabulary slice."""
+def parallel_lm_logits(hidden_states: torch.Tensor, word_embeddings_weight: torch.Tensor,
+                       sequence_parallel: bool = False) -> torch.Tensor:
+    """[s, b, h] x [V/tp, h] -> [s, b, V/tp]: logits for this TP rank's vocabulary slice. Under
+    sequence parallelism the final norm's output [s/tp, b, h] is gathered along the sequence here."""
+    if sequence_parallel:
+        return mpu.linear_with_sequence_gather(hidden_states, word_embeddings_weight)
     hidden_states = mpu.copy_to_tensor_model_parallel_region(hidden_states)
     return F.linear(hidden_states, word_embeddings_weight)
 

@@ -26,9 +26,11 @@ class ParallelMLP(nn.Module):
         self.glu = GLU_ACTIVATION_FUNCTIONS[shape.glu_activation] if shape.glu else None
         self.dense_h_to_4h = mpu.ColumnParallelLinear(h, 2 * f if self.glu else f, config.init_method(), bias=bias,
                                                       params_dtype=config.params_dtype,
-                                                      tensor_parallel=tensor_parallel)
+                                                      tensor_parallel=tensor_parallel,
+                                                      sequence_parallel=config.sequence_parallel)
         self.dense_4h_to_h = mpu.RowParallelLinear(f, h, config.output_init_method(), bias=bias,
-                                                   params_dtype=config.params_dtype, tensor_parallel=tensor_parallel)
+                                                   params_dtype=config.params_dtype, tensor_parallel=tensor_parallel,
+                                                   sequence_parallel=config.sequence_parallel)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # [s, b, h] -> [s, b, f/tp] (a GLU: [s, b, 2f/tp] -> gate, value) -> [s, b, h]

@@ -4,6 +4,7 @@ QKV (multi-head, grouped- or multi-query), row-parallel output projections, GeLU
 (sequence first)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 
@@ -19,6 +20,16 @@ from .layer_norm import norm_class
 from .mlp import ParallelMLP
 from .moe.layer import MoEMLP
 from .positional_embeddings import alibi_causal_bias, alibi_slopes, apply_rotary, rotary_tables
+
+
+def build_norm(config: GPTConfig) -> nn.Module:
+    """A transformer norm (input, post-attention, final). Under sequence parallelism it runs on a
+    sequence shard, so its parameters' gradients are partial: tagged for the TP sum."""
+    norm = norm_class(config.shape.normalization)(config.shape.hidden_size, eps=config.layernorm_epsilon)
+    if config.sequence_parallel:
+        for p in norm.parameters():
+            mpu.mark_sequence_parallel(p)
+    return norm
 
 
 def build_mlp(config: GPTConfig, layer_number: int) -> ParallelMLP | MoEMLP:
@@ -49,9 +60,10 @@ class ParallelAttention(nn.Module):
         self.rope_theta = config.rope_theta
         self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
         self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
-                                                        bias=shape.add_bias_linear, params_dtype=config.params_dtype)
+                                                        bias=shape.add_bias_linear, params_dtype=config.params_dtype,
+                                                        sequence_parallel=config.sequence_parallel)
         self.dense = mpu.RowParallelLinear(a * d, h, config.output_init_method(), bias=shape.add_bias_linear,
-                                           params_dtype=config.params_dtype)
+                                           params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel)
         if self.position_embedding_type == "alibi":
             # the slopes of this rank's own heads
             rank = mpu.get_tensor_model_parallel_rank()
@@ -91,8 +103,8 @@ class ParallelAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        s, b, _ = hidden_states.shape
         mixed = self.query_key_value(hidden_states)                      # [s, b, ng*(a/g+2)*hn]
+        s, b = mixed.shape[:2]  # the whole sequence also under sequence parallelism (gathered)
         mixed = mixed.view(s, b, self.num_kv_heads, self.group_size + 2, self.head_dim)
         q = mixed[:, :, :, :self.group_size].reshape(s, b, self.num_heads, self.head_dim)
         k, v = mixed[:, :, :, self.group_size], mixed[:, :, :, self.group_size + 1]  # [s, b, ng, hn]
@@ -109,7 +121,7 @@ class ParallelAttention(nn.Module):
             else:
                 context = self._math_attention(q, k, v, dropout_p)
         context = context.permute(2, 0, 1, 3).reshape(s, b, self.num_heads * self.head_dim)
-        return self.dense(context)                                      # [s, b, h]
+        return self.dense(context)                      # [s, b, h] (sequence parallel: [s/tp, b, h])
 
 
 class ParallelTransformerLayer(nn.Module):
@@ -118,20 +130,26 @@ class ParallelTransformerLayer(nn.Module):
         self.layer_number = layer_number
         self.total_layers = config.shape.num_layers  # the model's, whichever stage holds this layer
         self.hidden_dropout = config.hidden_dropout
-        norm = norm_class(config.shape.normalization)
-        self.input_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
+        self.sequence_parallel = config.sequence_parallel
+        self.input_layernorm = build_norm(config)
         self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = norm(config.shape.hidden_size, eps=config.layernorm_epsilon)
+        self.post_attention_layernorm = build_norm(config)
         self.mlp = build_mlp(config, layer_number)  # ParallelMLP, or DeepSpeed's MoE in an MoE layer
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[s, b, h] -> [s, b, h]. An MoE layer's load-balancing loss rides on its MLP output's
-        gradient (megatron/model/moe/aux_loss.py)."""
-        # hidden states are replicated across TP ranks: default RNG, identical masks
+        """[s, b, h] -> [s, b, h] ([s/tp, b, h] shards under sequence parallelism). An MoE layer's
+        load-balancing loss rides on its MLP output's gradient (megatron/model/moe/aux_loss.py)."""
         attn = self.self_attention(self.input_layernorm(hidden_states))
-        hidden_states = hidden_states + F.dropout(attn, p=self.hidden_dropout, training=self.training)
+        with self._dropout_rng():
+            hidden_states = hidden_states + F.dropout(attn, p=self.hidden_dropout, training=self.training)
         mlp = self.mlp(self.post_attention_layernorm(hidden_states))
-        return hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
+        with self._dropout_rng():
+            return hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
+
+    def _dropout_rng(self) -> contextlib.AbstractContextManager:
+        # replicated hidden states: the default RNG, identical masks on every TP rank; sequence
+        # shards: each rank's own masks, from the model-parallel RNG (as attention's dropout)
+        return mpu.get_cuda_rng_tracker().fork() if self.sequence_parallel else contextlib.nullcontext()
 
 
 Layer = Callable[[torch.Tensor], torch.Tensor]
@@ -180,8 +198,7 @@ class ParallelTransformer(nn.Module):
         self.layers = nn.ModuleList(layers)
         if layer_seed_fn is not None:
             layer_seed_fn(config.shape.num_layers)
-        self.final_layernorm = norm_class(config.shape.normalization)(config.shape.hidden_size,
-                                                                      eps=config.layernorm_epsilon)
+        self.final_layernorm = build_norm(config)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Hidden states after the final norm."""

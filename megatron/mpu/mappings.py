@@ -1,6 +1,9 @@
 """Autograd-aware communication over the tensor-model-parallel group.
 
 Each function is the identity when TP=1, so the TP=1 model runs no collective at all.
+The sequence-parallel ones (--sequence-parallel) cut or join activations [s, b, h] along the
+sequence (dim 0): all_gather_single / reduce_scatter_single on the contiguous tensor are
+exactly a concatenation / a sum-then-split along dim 0.
 """
 from typing import Any
 
@@ -37,6 +40,45 @@ def _split_last_dim(x: torch.Tensor) -> torch.Tensor:
         return x
     rank = dist.get_rank(group=get_tensor_model_parallel_group())
     return x.chunk(world, dim=-1)[rank].contiguous()
+
+
+def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
+    """[s/tp, ...] on every rank -> [s, ...], rank r's part at r * s/tp."""
+    world = get_tensor_model_parallel_world_size()
+    if world == 1:
+        return x
+    x = x.contiguous()
+    out = torch.empty((world * x.size(0), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_single(out, x, group=get_tensor_model_parallel_group())
+    return out
+
+
+def _reduce_scatter_first_dim(x: torch.Tensor) -> torch.Tensor:
+    """[s, ...] partial sums on every rank -> this rank's [s/tp, ...] part of their sum."""
+    world = get_tensor_model_parallel_world_size()
+    if world == 1:
+        return x
+    x = x.contiguous()
+    out = torch.empty((divide_sequence(x.size(0), world), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_single(out, x, group=get_tensor_model_parallel_group())
+    return out
+
+
+def _split_first_dim(x: torch.Tensor) -> torch.Tensor:
+    world = get_tensor_model_parallel_world_size()
+    if world == 1:
+        return x
+    rank = dist.get_rank(group=get_tensor_model_parallel_group())
+    # a copy: a dim-0 chunk is a contiguous view, and the norm that saves it would keep the whole
+    # sequence's storage alive (found by the measured memory report)
+    return x.chunk(world, dim=0)[rank].clone(memory_format=torch.contiguous_format)
+
+
+def divide_sequence(s: int, world: int) -> int:
+    # arguments.py refuses a --seq-length that TP does not divide; this guards direct callers
+    if s % world:
+        raise ValueError(f"sequence length {s} is not divisible by the tensor-parallel size {world}")
+    return s // world
 
 
 class _CopyToModelParallelRegion(torch.autograd.Function):
@@ -88,3 +130,48 @@ def reduce_from_tensor_model_parallel_region(x: torch.Tensor) -> torch.Tensor:
 
 def gather_from_tensor_model_parallel_region(x: torch.Tensor) -> torch.Tensor:
     return _GatherFromModelParallelRegion.apply(x)
+
+
+class _ScatterToSequenceParallelRegion(torch.autograd.Function):
+    """Forward: keep this rank's sequence shard of a replicated [s, b, h]. Backward: all-gather
+    the shards' gradients (each rank's part of the full input's gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _split_first_dim(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _gather_first_dim(grad)
+
+
+class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
+    """Forward: sum the partial [s, b, h] of the TP ranks and keep this rank's sequence shard (a
+    row-parallel output under sequence parallelism, in place of the all-reduce). Backward: the
+    shards' gradients all-gathered (every rank's partial product needs the full gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_first_dim(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _gather_first_dim(grad)
+
+
+def scatter_to_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
+    return _ScatterToSequenceParallelRegion.apply(x)
+
+
+def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor) -> torch.Tensor:
+    return _ReduceScatterToSequenceParallelRegion.apply(x)
+
+
+def gather_along_sequence(x: torch.Tensor) -> torch.Tensor:
+    """No autograd: the all-gather of the sequence shards (the sequence-parallel linear's input)."""
+    return _gather_first_dim(x)
+
+
+def reduce_scatter_along_sequence(x: torch.Tensor) -> torch.Tensor:
+    """No autograd: the reduce-scatter over the sequence (that linear's input gradient)."""
+    return _reduce_scatter_first_dim(x)
