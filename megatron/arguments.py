@@ -128,6 +128,8 @@ def _add_architecture_variant_args(parser):
     g.add_argument("--embed-layernorm", action="store_true", help="a LayerNorm after the word embedding")
     g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
                    help="no bias in the QKV, dense and MLP linears")
+    g.add_argument("--add-qkv-bias", action="store_true",
+                   help="Megatron-LM: a bias in the QKV projection only (with --disable-bias-linear; Qwen2)")
     g.add_argument("--num-key-value-heads", type=int, default=None, help="grouped-query attention; default: heads")
     g.add_argument("--group-query-attention", action="store_true")
     g.add_argument("--num-query-groups", type=int, default=None, help="with --group-query-attention; default 1")
