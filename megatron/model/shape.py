@@ -353,7 +353,8 @@ class ModelShape:
 
 
 VARIANT_FIELDS = ("position_embedding_type", "rotary_percent", "glu_activation", "normalization", "embed_layernorm",
-                  "add_bias_linear", "add_qkv_bias", "num_key_value_heads", "kv_channels", "untie_embeddings_and_output_weights")
+                  "add_bias_linear", "add_qkv_bias", "num_key_value_heads", "kv_channels",
+                  "untie_embeddings_and_output_weights")
 
 
 def gpt2_variant(num_attention_heads: int, hidden_size: int) -> dict:
