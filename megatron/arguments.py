@@ -190,6 +190,12 @@ def _add_initialization_args(parser):
     g = parser.add_argument_group("initialization")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--init-method-std", type=float, default=0.02)
+    # Argonne's AuroraGPT fork: the word embedding's own std (the fork's default 0.02), with
+    # --adjust-word-embedding-init only; without it the word embedding takes --init-method-std
+    g.add_argument("--adjust-word-embedding-init", action="store_true",
+                   help="Argonne: initialise the word embedding with --word-embedding-init-std")
+    g.add_argument("--word-embedding-init-std", type=float, default=None,
+                   help="Argonne: the word embedding's init std with --adjust-word-embedding-init (default 0.02)")
 
 
 def _add_learning_rate_args(parser):
@@ -393,7 +399,8 @@ POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--tra
             "--exit-duration-in-mins", "--checkpoint-num-layers", "--activations-checkpoint-num-layers",
             "--lr-decay-iters", "--lr-decay-samples", "--save-interval", "--eval-interval", "--train-tokens",
             "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
-            "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std", "--loss-scale",
+            "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std", "--word-embedding-init-std",
+            "--loss-scale",
             "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
 NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens", "--eval-iters",
                 "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")

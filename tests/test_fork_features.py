@@ -65,8 +65,11 @@ REFUSALS = [
     # issue 31: Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples
     ({"--data-file-list": "files.txt"}, "--data-file-list: Argonne's data file list (give its weights and prefixes as "
                                         "--data-path) is not supported by this trainer; drop the flag"),
-    ({"--word-embedding-init-std": 0.01}, "--word-embedding-init-std: Argonne's own init std of the word embedding is "
-                                          "not supported by this trainer; drop the flag"),
+    ({"--word-embedding-init-std": 0.01}, "--word-embedding-init-std 0.01 acts with --adjust-word-embedding-init only "
+                                          "(Argonne's fork ignores it otherwise): add --adjust-word-embedding-init "
+                                          "or drop the flag"),
+    ({"--word-embedding-init-std": 0, "--adjust-word-embedding-init": None},
+     "--word-embedding-init-std 0.0 must be positive"),
     ({"--accumulate-allreduce-grads-in-fp32": None},
      "--accumulate-allreduce-grads-in-fp32: Megatron's fp32 gradient accumulation buffer (with DeepSpeed: the "
      "ds_config's data_types.grad_accum_dtype) is not supported by this trainer; drop the flag"),
@@ -250,3 +253,42 @@ def test_no_flag_listed_as_no_effect_is_read_by_the_trainer():
                             and path not in READ_ONLY_TO_VALIDATE.get(actions[flag].dest, ()))
                for flag in NO_EFFECT}
     assert {flag: paths for flag, paths in readers.items() if paths} == {}
+
+
+# --- Argonne's --adjust-word-embedding-init --word-embedding-init-std ----------------------------
+
+def _embedding_and_reference(config, seed):
+    """(word, position) weights of our Embedding built under `seed`, and the same two tensors drawn
+    with plain torch.nn.init.normal_ from the same seed: the word embedding at the std the flags
+    say, the position table at --init-method-std."""
+    import torch
+
+    from megatron.model.language_model import Embedding
+    shape = config.shape
+    torch.manual_seed(seed)
+    built = Embedding(config)
+    torch.manual_seed(seed)
+    word = torch.nn.init.normal_(torch.empty(shape.padded_vocab_size, shape.hidden_size), 0.0, EMBED_STD)
+    position = torch.nn.init.normal_(torch.empty(shape.max_position_embeddings, shape.hidden_size), 0.0, 0.01)
+    return built.word_embeddings.weight.detach(), built.position_embeddings.weight.detach(), word, position
+
+
+EMBED_STD = 0.632455532  # Argonne's AuroraGPT launcher's sqrt(2/5)
+
+
+def test_adjust_word_embedding_init_draws_the_word_embedding_at_its_std():
+    """Argonne's rule: the word embedding (and so the tied output layer) is N(0, --word-embedding-init-std)
+    with --adjust-word-embedding-init, N(0, 0.02) with that flag alone whatever --init-method-std is,
+    and N(0, --init-method-std) without it; every other weight keeps --init-method-std. Exactly the
+    tensors torch.nn.init.normal_ draws from the same seed."""
+    import torch
+
+    from megatron.model.config import GPTConfig
+    adjusted = GPTConfig.from_args(_validated({"--adjust-word-embedding-init": None, "--word-embedding-init-std":
+                                               EMBED_STD, "--init-method-std": 0.01}))
+    assert adjusted.word_embedding_init_std == EMBED_STD
+    assert GPTConfig.from_args(_validated({"--adjust-word-embedding-init": None, "--init-method-std": 0.01})
+                               ).word_embedding_init_std == 0.02
+    assert GPTConfig.from_args(_validated({"--init-method-std": 0.01})).word_embedding_init_std is None
+    [(word, position, word_ref, position_ref)] = run_distributed(1, _embedding_and_reference, adjusted, 7)
+    assert torch.equal(word, word_ref) and torch.equal(position, position_ref)
