@@ -1,6 +1,7 @@
 """Real `deepspeed --num_gpus N pretrain_gpt.py` runs of the architecture variants, the fewest
 that put every variant under TP=2 and under PP=2: a LLaMA-style (rotary, SwiGLU, RMSNorm, GQA,
-untied, no bias but Qwen2's QKV bias, split over TP like the QKV rows) and a BLOOM-style model (ALiBi with 6 heads, embedding LayerNorm, GeLU) at
+untied, no bias but Qwen2's QKV bias, split over TP like the QKV rows) and a BLOOM-style model
+(ALiBi with 6 heads, embedding LayerNorm, GeLU) at
 TP=2 x PP=2, and MQA with a GLU of non-default ffn size and --kv-channels != h/a at PP=2 (MQA
 needs TP=1). Each rank's cached count equals the analytic table, tools/param_count.py and the
 numel of the TP=1 PP=1 model; the LLaMA-style run also resumes exactly from its checkpoint,
