@@ -400,7 +400,8 @@ POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--tra
             "--lr-decay-iters", "--lr-decay-samples", "--save-interval", "--eval-interval", "--train-tokens",
             "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
             "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
-            "--word-embedding-init-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
+            "--word-embedding-init-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale",
+            "--loss-scale-window", "--hysteresis")
 NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens", "--eval-iters",
                 "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
 FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
