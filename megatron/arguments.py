@@ -238,6 +238,9 @@ def _add_mixed_precision_args(parser):
     g = parser.add_argument_group("mixed precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="Megatron's fp32 gradient accumulation: the ds_config's data_types.grad_accum_dtype fp32 "
+                        "(16-bit weights: with ZeRO)")
     g.add_argument("--loss-scale", type=float, default=None)
     g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
     g.add_argument("--min-loss-scale", type=float, default=1.0)
@@ -726,10 +729,42 @@ def _apply_deepspeed_config(args):
     _require(not (args.universal_checkpoint and not args.load), "--universal-checkpoint needs --load DIR")
     if args.universal_checkpoint:
         config.setdefault("checkpoint", {})["load_universal"] = True
+    if args.accumulate_allreduce_grads_in_fp32:
+        # Megatron's fp32 gradient accumulation buffer; with DeepSpeed the ds_config's key (Argonne's
+        # launchers set both); whether DeepSpeed runs it is checked once the config is parsed
+        data_types = config.setdefault("data_types", {})
+        given = data_types.setdefault("grad_accum_dtype", "fp32")
+        _require(given in ("fp32", "float32", "float", "torch.float32"),
+                 f"{where}: data_types.grad_accum_dtype={given} disagrees with --accumulate-allreduce-grads-in-fp32; "
+                 f"make them match")
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)
     args.deepspeed_config_dict = config
+
+
+def _check_grad_accum_dtype(config, accum, where, args):
+    """data_types.grad_accum_dtype (or --accumulate-allreduce-grads-in-fp32) where DeepSpeed 0.19.8
+    runs it: the model's own dtype, or fp32 for 16-bit weights with ZeRO (stage 1 with bf16:
+    BF16_Optimizer's fp32 accumulator; stage 2 / 3: the ZeRO optimizer accumulates in fp32). At
+    stage 0 its engine raises NotImplementedError on the mix; here it is one line first. Written
+    back by the dtype's canonical name, which the memory table reads."""
+    if accum is None:
+        return
+    config["data_types"]["grad_accum_dtype"] = accum
+    check_grad_accum_dtype(accum, args, where)
+
+
+def check_grad_accum_dtype(accum: str, args: argparse.Namespace, where: str = "ds_config") -> None:
+    """The rule of _check_grad_accum_dtype, torch-free (tools/param_count.py applies it to the flag)."""
+    model = "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
+    source = ("--accumulate-allreduce-grads-in-fp32" if args.accumulate_allreduce_grads_in_fp32
+              else f"{where}: data_types.grad_accum_dtype={accum}")
+    _require(accum in (model, "fp32"), f"{source}: DeepSpeed accumulates {model} gradients in {model} or fp32 "
+                                       f"only; use fp32 or drop the key")
+    _require(accum == model or args.zero_stage > 0,
+             f"{source} with {model} weights needs ZeRO: DeepSpeed accumulates {model} gradients in fp32 only in its "
+             f"ZeRO / BF16 optimizers (at stage 0 it refuses the mix); use --zero-stage 1")
 
 
 def _check_with_deepspeed(config, where, args):
@@ -740,16 +775,19 @@ def _check_with_deepspeed(config, where, args):
     a different --clip-grad is reported, not used: the same script trains the same way here."""
     import deepspeed
 
-    from megatron.deepspeed_internals import parsed_gradient_clipping
+    from megatron.deepspeed_internals import grad_accum_dtype_name, parsed_config
     # the batch keys depend on the world size, which DeepSpeed cannot see yet (they are checked above)
     probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
     try:
-        clip = parsed_gradient_clipping(probe)
+        parsed = parsed_config(probe)
+        clip = float(parsed.gradient_clipping)
+        accum = grad_accum_dtype_name(parsed)
     except Exception as e:  # DeepSpeedConfigError, pydantic's ValidationError, a bad value's own error
         errors = getattr(e, "errors", None)
         detail = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors()) if errors \
             else str(e).splitlines()[0]
         raise ConfigError(f"{where}: DeepSpeed {deepspeed.__version__} rejects it: {detail}") from None
+    _check_grad_accum_dtype(config, accum, where, args)
     if "--clip-grad" in getattr(args, "given_flags", ()) and args.clip_grad != clip:
         args.startup_notes = getattr(args, "startup_notes", []) + [
             f"--clip-grad {args.clip_grad} is not used: DeepSpeed clips at {clip} (the ds_config's gradient_clipping"

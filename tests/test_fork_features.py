@@ -70,9 +70,9 @@ REFUSALS = [
                                           "or drop the flag"),
     ({"--word-embedding-init-std": 0, "--adjust-word-embedding-init": None},
      "--word-embedding-init-std 0.0 must be positive"),
-    ({"--accumulate-allreduce-grads-in-fp32": None},
-     "--accumulate-allreduce-grads-in-fp32: Megatron's fp32 gradient accumulation buffer (with DeepSpeed: the "
-     "ds_config's data_types.grad_accum_dtype) is not supported by this trainer; drop the flag"),
+    ({"--accumulate-allreduce-grads-in-fp32": None, "--bf16": None},
+     "--accumulate-allreduce-grads-in-fp32 with bf16 weights needs ZeRO: DeepSpeed accumulates bf16 gradients in "
+     "fp32 only in its ZeRO / BF16 optimizers (at stage 0 it refuses the mix); use --zero-stage 1"),
     ({"--random-ltd": None}, "--random-ltd: random layerwise token dropping (Microsoft's data efficiency) is not "
                              "supported by this trainer; drop the flag"),
     ({"--train-shuffle-idx-path": "s.npy"}, "--train-shuffle-idx-path: precomputed index files (Microsoft's data "
@@ -292,3 +292,38 @@ def test_adjust_word_embedding_init_draws_the_word_embedding_at_its_std():
     assert GPTConfig.from_args(_validated({"--init-method-std": 0.01})).word_embedding_init_std is None
     [(word, position, word_ref, position_ref)] = run_distributed(1, _embedding_and_reference, adjusted, 7)
     assert torch.equal(word, word_ref) and torch.equal(position, position_ref)
+
+
+# --- --accumulate-allreduce-grads-in-fp32: the ds_config's data_types.grad_accum_dtype --------------
+
+def test_accumulate_allreduce_grads_in_fp32_is_the_ds_config_key_deepspeed_reads(tmp_path):
+    """The ds_config DeepSpeed is given carries grad_accum_dtype fp32, and DeepSpeed's own parser reads
+    fp32 accumulation from it (the engines it builds: tests/test_memory_measured.py); an fp32 run
+    takes it as is (its gradients are fp32 already). A ds_config that says otherwise, or the key
+    where DeepSpeed's engine would raise (16-bit weights at ZeRO 0), is one line."""
+    import json
+
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig, DtypeEnum
+
+    from megatron.arguments import ConfigError
+    for changes in ({"--bf16": None, "--zero-stage": 1}, {"--zero-stage": 0}):
+        config = _validated({"--accumulate-allreduce-grads-in-fp32": None, **changes}).deepspeed_config_dict
+        assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+        probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
+        assert DtypeEnum(DeepSpeedConfig(probe).grad_accum_dtype).value == torch.float32
+    assert "data_types" not in _validated({"--bf16": None, "--zero-stage": 1}).deepspeed_config_dict
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"data_types": {"grad_accum_dtype": "bf16"}}))
+    with pytest.raises(ConfigError) as refused:
+        _validated({"--accumulate-allreduce-grads-in-fp32": None, "--bf16": None, "--deepspeed_config": ds})
+    assert str(refused.value) == (f"--deepspeed_config {ds}: data_types.grad_accum_dtype=bf16 disagrees with "
+                                  f"--accumulate-allreduce-grads-in-fp32; make them match")
+    # the key alone, in DeepSpeed's other spelling, where DeepSpeed 0.19.8 raises NotImplementedError
+    ds.write_text(json.dumps({"data_types": {"grad_accum_dtype": "float32"}}))
+    with pytest.raises(ConfigError) as refused:
+        _validated({"--bf16": None, "--deepspeed_config": ds})
+    assert str(refused.value).startswith(f"--deepspeed_config {ds}: data_types.grad_accum_dtype=fp32 with bf16 "
+                                         f"weights needs ZeRO: ")
+    assert _validated({"--bf16": None, "--deepspeed_config": ds, "--zero-stage": 1}).deepspeed_config_dict[
+        "data_types"] == {"grad_accum_dtype": "fp32"}  # the canonical name, as the memory table reads it
