@@ -270,6 +270,8 @@ def _add_validation_args(parser):
 def _add_data_args(parser):
     g = parser.add_argument_group("data and tokenizer")
     g.add_argument("--data-path", nargs="*", default=None, help="prefix, or weight prefix pairs")
+    g.add_argument("--data-file-list", type=str, default=None,
+                   help="Argonne: a file of 'WEIGHT PREFIX CORPUS' lines, blended as --data-path's pairs")
     g.add_argument("--split", type=str, default=None, help='default "969, 30, 1" (with --data-path only)')
     # BigScience's second way (megatron/data/weighted_split_paths.py): named groups per split
     for split in ("train", "valid", "test"):
@@ -631,6 +633,11 @@ def _validate_data(args):
             raise ConfigError(str(e)) from None
     _require(args.data_cache_path is None or not os.path.isfile(args.data_cache_path),
              f"--data-cache-path {args.data_cache_path} is a file: give a directory (it is created if missing)")
+    if args.data_file_list is not None:  # Argonne's file of weight / prefix / corpus lines: --data-path's blend
+        _require(not args.data_path and not args.mock_data,
+                 "--data-file-list and --data-path / --mock-data are two ways to give the data: use one")
+        from megatron.data.data_file_list import read_data_file_list
+        args.data_path = read_data_file_list(args.data_file_list)
     from megatron.data.weighted_split_paths import groups_from_args
     args.weighted_split_groups = groups_from_args(args)
     if args.weighted_split_groups:

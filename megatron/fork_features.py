@@ -42,7 +42,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "--use-checkpoint-args": ({"action": "store_true"},
                               "taking the model's flags from the checkpoint (pass them; --load checks them)"),
     # Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples (issue 31)
-    "--data-file-list": ({"type": str}, "Argonne's data file list (give its weights and prefixes as --data-path)"),
     "--shuffle-sample-in-corpus": ({"action": "store_true"}, "Argonne's corpus-wide sample shuffling"),
     "--random-ltd": ({"action": "store_true"}, "random layerwise token dropping (Microsoft's data efficiency)"),
     "--data-efficiency-curriculum-learning": ({"action": "store_true"},

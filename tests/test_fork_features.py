@@ -63,8 +63,6 @@ REFUSALS = [
     ({"--use-checkpoint-args": None}, "--use-checkpoint-args: taking the model's flags from the checkpoint (pass "
                                       "them; --load checks them) is not supported by this trainer; drop the flag"),
     # issue 31: Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples
-    ({"--data-file-list": "files.txt"}, "--data-file-list: Argonne's data file list (give its weights and prefixes as "
-                                        "--data-path) is not supported by this trainer; drop the flag"),
     ({"--word-embedding-init-std": 0.01}, "--word-embedding-init-std 0.01 acts with --adjust-word-embedding-init only "
                                           "(Argonne's fork ignores it otherwise): add --adjust-word-embedding-init "
                                           "or drop the flag"),
