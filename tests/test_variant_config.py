@@ -38,6 +38,11 @@ def test_both_forks_spellings_give_one_shape():
     assert shape_of("--use-rotary-position-embeddings", "--no-position-embedding").position_embedding_type == "rotary"
     assert shape_of("--position-embedding-type", "alibi", "--no-position-embedding").position_embedding_type == "alibi"
     assert shape_of("--group-query-attention").num_key_value_heads == 1  # Megatron-LM's default: one group
+    # Megatron-LM's --add-qkv-bias: a bias on QKV only, a change with --disable-bias-linear alone (the QKV
+    # has its bias otherwise: one model, one checkpoint layout)
+    assert shape_of("--add-qkv-bias") == shape_of()
+    qkv_only = shape_of("--disable-bias-linear", "--add-qkv-bias")
+    assert (qkv_only.add_bias_linear, qkv_only.add_qkv_bias) == (False, True)
     assert shape_of().num_key_value_heads == 4 and shape_of().kv_channels == 16
     assert shape_of("--hidden-size", 66, "--kv-channels", 16).kv_channels == 16
     for h in (4096, 5120, 8192, 100):
@@ -199,6 +204,18 @@ def with_vocab(args, vocab=600):
     """As initialize_megatron completes the shape once the tokenizer is built (600 pads to 640)."""
     args.model_shape = dataclasses.replace(args.model_shape, vocab_size=vocab)  # args.padded_vocab_size follows
     return args
+
+
+def test_the_layout_writes_add_qkv_bias_where_the_model_has_it():
+    """Checkpoints of every other variant keep their files as they were (tests/test_checkpoint_files.py
+    reads them); a QKV-bias-only model's layout says so and reads back as that model."""
+    from megatron.checkpoint.layout import CheckpointLayout
+    plain = CheckpointLayout.from_shape(with_vocab(validated(["--disable-bias-linear"])).model_shape, True)
+    qkv = CheckpointLayout.from_shape(with_vocab(validated(["--disable-bias-linear", "--add-qkv-bias"])).model_shape,
+                                      True)
+    assert "add_qkv_bias" not in plain.to_dict() and qkv.to_dict()["add_qkv_bias"] is True
+    assert CheckpointLayout.from_dict(qkv.to_dict(), "here").model_shape().add_qkv_bias
+    assert qkv.shape_differences(plain) == [("add_qkv_bias", True, False)]
 
 
 def test_checkpoint_layout_names_the_variant_and_old_checkpoints_load_as_gpt2(tmp_path):
