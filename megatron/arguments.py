@@ -739,11 +739,7 @@ def _apply_deepspeed_config(args):
     if args.accumulate_allreduce_grads_in_fp32:
         # Megatron's fp32 gradient accumulation buffer; with DeepSpeed the ds_config's key (Argonne's
         # launchers set both); whether DeepSpeed runs it is checked once the config is parsed
-        data_types = config.setdefault("data_types", {})
-        given = data_types.setdefault("grad_accum_dtype", "fp32")
-        _require(given in ("fp32", "float32", "float", "torch.float32"),
-                 f"{where}: data_types.grad_accum_dtype={given} disagrees with --accumulate-allreduce-grads-in-fp32; "
-                 f"make them match")
+        config.setdefault("data_types", {}).setdefault("grad_accum_dtype", "fp32")
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)
@@ -764,6 +760,9 @@ def _check_grad_accum_dtype(config, accum, where, args):
 
 def check_grad_accum_dtype(accum: str, args: argparse.Namespace, where: str = "ds_config") -> None:
     """The rule of _check_grad_accum_dtype, torch-free (tools/param_count.py applies it to the flag)."""
+    _require(not args.accumulate_allreduce_grads_in_fp32 or accum == "fp32",
+             f"{where}: data_types.grad_accum_dtype={accum} disagrees with --accumulate-allreduce-grads-in-fp32; "
+             f"make them match")
     model = "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
     source = ("--accumulate-allreduce-grads-in-fp32" if args.accumulate_allreduce_grads_in_fp32
               else f"{where}: data_types.grad_accum_dtype={accum}")
