@@ -128,6 +128,8 @@ def _add_architecture_variant_args(parser):
     g.add_argument("--embed-layernorm", action="store_true", help="a LayerNorm after the word embedding")
     g.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear",
                    help="no bias in the QKV, dense and MLP linears")
+    g.add_argument("--add-qkv-bias", action="store_true",
+                   help="Megatron-LM: a bias in the QKV projection only (with --disable-bias-linear; Qwen2)")
     g.add_argument("--num-key-value-heads", type=int, default=None, help="grouped-query attention; default: heads")
     g.add_argument("--group-query-attention", action="store_true")
     g.add_argument("--num-query-groups", type=int, default=None, help="with --group-query-attention; default 1")
@@ -188,6 +190,12 @@ def _add_initialization_args(parser):
     g = parser.add_argument_group("initialization")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--init-method-std", type=float, default=0.02)
+    # Argonne's AuroraGPT fork: the word embedding's own std (the fork's default 0.02), with
+    # --adjust-word-embedding-init only; without it the word embedding takes --init-method-std
+    g.add_argument("--adjust-word-embedding-init", action="store_true",
+                   help="Argonne: initialise the word embedding with --word-embedding-init-std")
+    g.add_argument("--word-embedding-init-std", type=float, default=None,
+                   help="Argonne: the word embedding's init std with --adjust-word-embedding-init (default 0.02)")
 
 
 def _add_learning_rate_args(parser):
@@ -230,6 +238,9 @@ def _add_mixed_precision_args(parser):
     g = parser.add_argument_group("mixed precision")
     g.add_argument("--fp16", action="store_true")
     g.add_argument("--bf16", action="store_true")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="Megatron's fp32 gradient accumulation: the ds_config's data_types.grad_accum_dtype fp32 "
+                        "(16-bit weights: with ZeRO)")
     g.add_argument("--loss-scale", type=float, default=None)
     g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
     g.add_argument("--min-loss-scale", type=float, default=1.0)
@@ -262,6 +273,8 @@ def _add_validation_args(parser):
 def _add_data_args(parser):
     g = parser.add_argument_group("data and tokenizer")
     g.add_argument("--data-path", nargs="*", default=None, help="prefix, or weight prefix pairs")
+    g.add_argument("--data-file-list", type=str, default=None,
+                   help="Argonne: a file of 'WEIGHT PREFIX CORPUS' lines, blended as --data-path's pairs")
     g.add_argument("--split", type=str, default=None, help='default "969, 30, 1" (with --data-path only)')
     # BigScience's second way (megatron/data/weighted_split_paths.py): named groups per split
     for split in ("train", "valid", "test"):
@@ -393,8 +406,9 @@ POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--tra
             "--exit-duration-in-mins", "--checkpoint-num-layers", "--activations-checkpoint-num-layers",
             "--lr-decay-iters", "--lr-decay-samples", "--save-interval", "--eval-interval", "--train-tokens",
             "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
-            "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std", "--loss-scale",
-            "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis")
+            "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
+            "--word-embedding-init-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale",
+            "--loss-scale-window", "--hysteresis")
 NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens", "--eval-iters",
                 "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
 FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
@@ -654,6 +668,11 @@ def _validate_data(args):
             raise ConfigError(str(e)) from None
     _require(args.data_cache_path is None or not os.path.isfile(args.data_cache_path),
              f"--data-cache-path {args.data_cache_path} is a file: give a directory (it is created if missing)")
+    if args.data_file_list is not None:  # Argonne's file of weight / prefix / corpus lines: --data-path's blend
+        _require(not args.data_path and not args.mock_data,
+                 "--data-file-list and --data-path / --mock-data are two ways to give the data: use one")
+        from megatron.data.data_file_list import read_data_file_list
+        args.data_path = read_data_file_list(args.data_file_list)
     from megatron.data.weighted_split_paths import groups_from_args
     args.weighted_split_groups = groups_from_args(args)
     if args.weighted_split_groups:
@@ -755,6 +774,10 @@ def _apply_deepspeed_config(args):
     _require(not (args.universal_checkpoint and not args.load), "--universal-checkpoint needs --load DIR")
     if args.universal_checkpoint:
         config.setdefault("checkpoint", {})["load_universal"] = True
+    if args.accumulate_allreduce_grads_in_fp32:
+        # Megatron's fp32 gradient accumulation buffer; with DeepSpeed the ds_config's key (Argonne's
+        # launchers set both); whether DeepSpeed runs it is checked once the config is parsed
+        config.setdefault("data_types", {}).setdefault("grad_accum_dtype", "fp32")
     config.setdefault("steps_per_print", 10 ** 9)  # our own log line reports progress
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)
@@ -777,6 +800,33 @@ def _take_curriculum(config, where, args):
             f"0.19 no longer accepts the key; an enabled block runs the sequence-length warm-up)"]
 
 
+def _check_grad_accum_dtype(config, accum, where, args):
+    """data_types.grad_accum_dtype (or --accumulate-allreduce-grads-in-fp32) where DeepSpeed 0.19.8
+    runs it: the model's own dtype, or fp32 for 16-bit weights with ZeRO (stage 1 with bf16:
+    BF16_Optimizer's fp32 accumulator; stage 2 / 3: the ZeRO optimizer accumulates in fp32). At
+    stage 0 its engine raises NotImplementedError on the mix; here it is one line first. Written
+    back by the dtype's canonical name, which the memory table reads."""
+    if accum is None:
+        return
+    config["data_types"]["grad_accum_dtype"] = accum
+    check_grad_accum_dtype(accum, args, where)
+
+
+def check_grad_accum_dtype(accum: str, args: argparse.Namespace, where: str = "ds_config") -> None:
+    """The rule of _check_grad_accum_dtype, torch-free (tools/param_count.py applies it to the flag)."""
+    _require(not args.accumulate_allreduce_grads_in_fp32 or accum == "fp32",
+             f"{where}: data_types.grad_accum_dtype={accum} disagrees with --accumulate-allreduce-grads-in-fp32; "
+             f"make them match")
+    model = "fp16" if args.fp16 else ("bf16" if args.bf16 else "fp32")
+    source = ("--accumulate-allreduce-grads-in-fp32" if args.accumulate_allreduce_grads_in_fp32
+              else f"{where}: data_types.grad_accum_dtype={accum}")
+    _require(accum in (model, "fp32"), f"{source}: DeepSpeed accumulates {model} gradients in {model} or fp32 "
+                                       f"only; use fp32 or drop the key")
+    _require(accum == model or args.zero_stage > 0,
+             f"{source} with {model} weights needs ZeRO: DeepSpeed accumulates {model} gradients in fp32 only in its "
+             f"ZeRO / BF16 optimizers (at stage 0 it refuses the mix); use --zero-stage 1")
+
+
 def _check_with_deepspeed(config, where, args):
     """The installed DeepSpeed parses the config now, before anything is built: a key it rejects
     (e.g. a removed top-level block such as `compression_training`) is one line.
@@ -785,16 +835,19 @@ def _check_with_deepspeed(config, where, args):
     a different --clip-grad is reported, not used: the same script trains the same way here."""
     import deepspeed
 
-    from megatron.deepspeed_internals import parsed_gradient_clipping
+    from megatron.deepspeed_internals import grad_accum_dtype_name, parsed_config
     # the batch keys depend on the world size, which DeepSpeed cannot see yet (they are checked above)
     probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
     try:
-        clip = parsed_gradient_clipping(probe)
+        parsed = parsed_config(probe)
+        clip = float(parsed.gradient_clipping)
+        accum = grad_accum_dtype_name(parsed)
     except Exception as e:  # DeepSpeedConfigError, pydantic's ValidationError, a bad value's own error
         errors = getattr(e, "errors", None)
         detail = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors()) if errors \
             else str(e).splitlines()[0]
         raise ConfigError(f"{where}: DeepSpeed {deepspeed.__version__} rejects it: {detail}") from None
+    _check_grad_accum_dtype(config, accum, where, args)
     if "--clip-grad" in getattr(args, "given_flags", ()) and args.clip_grad != clip:
         args.startup_notes = getattr(args, "startup_notes", []) + [
             f"--clip-grad {args.clip_grad} is not used: DeepSpeed clips at {clip} (the ds_config's gradient_clipping"

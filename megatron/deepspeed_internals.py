@@ -64,12 +64,21 @@ def pipe_model_data_parallel_topology(num_pp: int, num_mp: int, num_dp: int) -> 
     return PipeModelDataParallelTopology(num_pp=num_pp, num_mp=num_mp, num_dp=num_dp)
 
 
-def parsed_gradient_clipping(config: dict) -> float:
-    """Parse a ds_config the way the engine will (raising DeepSpeed's own error for a bad key) and
-    return its clipping. Only deepspeed.initialize parses configs publicly, and that needs a model;
-    validation runs before any model exists."""
+def parsed_config(config: dict) -> Any:
+    """Parse a ds_config the way the engine will (raising DeepSpeed's own error for a bad key).
+    Only deepspeed.initialize parses configs publicly, and that needs a model; validation runs
+    before any model exists."""
     from deepspeed.runtime.config import DeepSpeedConfig
-    return float(DeepSpeedConfig(config).gradient_clipping)
+    return DeepSpeedConfig(config)
+
+
+def grad_accum_dtype_name(parsed: Any) -> str | None:
+    """The parsed config's data_types.grad_accum_dtype as the engine reads it
+    (DeepSpeedEngine.get_data_types, DtypeEnum): fp32, bf16, fp16 or int8 whatever the spelling;
+    None when absent (the model's dtype)."""
+    from deepspeed.runtime.config import DtypeEnum
+    value = parsed.grad_accum_dtype
+    return None if value is None else DtypeEnum(value).name
 
 
 def set_random_seed(seed: int) -> None:

@@ -42,13 +42,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "--use-checkpoint-args": ({"action": "store_true"},
                               "taking the model's flags from the checkpoint (pass them; --load checks them)"),
     # Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples (issue 31)
-    "--accumulate-allreduce-grads-in-fp32": ({"action": "store_true"},
-                                             "Megatron's fp32 gradient accumulation buffer (with DeepSpeed: the "
-                                             "ds_config's data_types.grad_accum_dtype)"),
-    "--data-file-list": ({"type": str}, "Argonne's data file list (give its weights and prefixes as --data-path)"),
     "--shuffle-sample-in-corpus": ({"action": "store_true"}, "Argonne's corpus-wide sample shuffling"),
-    "--word-embedding-init-std": ({"type": float}, "Argonne's own init std of the word embedding"),
-    "--adjust-word-embedding-init": ({"action": "store_true"}, "Argonne's own init std of the word embedding"),
     "--random-ltd": ({"action": "store_true"}, "random layerwise token dropping (Microsoft's data efficiency)"),
     "--data-efficiency-curriculum-learning": ({"action": "store_true"},
                                               "data-efficiency curriculum learning (Microsoft)"),
@@ -90,6 +84,9 @@ def refuse_and_map(args: argparse.Namespace) -> None:
         value = getattr(args, _dest(flag), None)
         if value is not None and value is not False:
             raise ConfigError(f"{flag}: {feature} is not supported by this trainer; drop the flag")
+    _require(args.word_embedding_init_std is None or args.adjust_word_embedding_init,
+             f"--word-embedding-init-std {args.word_embedding_init_std} acts with --adjust-word-embedding-init only "
+             f"(Argonne's fork ignores it otherwise): add --adjust-word-embedding-init or drop the flag")
     _require(args.transformer_impl == "local",
              "--transformer-impl transformer_engine: Transformer Engine is not supported by this trainer; "
              "use local (the default)")

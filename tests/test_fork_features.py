@@ -63,13 +63,14 @@ REFUSALS = [
     ({"--use-checkpoint-args": None}, "--use-checkpoint-args: taking the model's flags from the checkpoint (pass "
                                       "them; --load checks them) is not supported by this trainer; drop the flag"),
     # issue 31: Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples
-    ({"--data-file-list": "files.txt"}, "--data-file-list: Argonne's data file list (give its weights and prefixes as "
-                                        "--data-path) is not supported by this trainer; drop the flag"),
-    ({"--word-embedding-init-std": 0.01}, "--word-embedding-init-std: Argonne's own init std of the word embedding is "
-                                          "not supported by this trainer; drop the flag"),
-    ({"--accumulate-allreduce-grads-in-fp32": None},
-     "--accumulate-allreduce-grads-in-fp32: Megatron's fp32 gradient accumulation buffer (with DeepSpeed: the "
-     "ds_config's data_types.grad_accum_dtype) is not supported by this trainer; drop the flag"),
+    ({"--word-embedding-init-std": 0.01}, "--word-embedding-init-std 0.01 acts with --adjust-word-embedding-init only "
+                                          "(Argonne's fork ignores it otherwise): add --adjust-word-embedding-init "
+                                          "or drop the flag"),
+    ({"--word-embedding-init-std": 0, "--adjust-word-embedding-init": None},
+     "--word-embedding-init-std 0.0 must be positive"),
+    ({"--accumulate-allreduce-grads-in-fp32": None, "--bf16": None},
+     "--accumulate-allreduce-grads-in-fp32 with bf16 weights needs ZeRO: DeepSpeed accumulates bf16 gradients in "
+     "fp32 only in its ZeRO / BF16 optimizers (at stage 0 it refuses the mix); use --zero-stage 1"),
     ({"--random-ltd": None}, "--random-ltd: random layerwise token dropping (Microsoft's data efficiency) is not "
                              "supported by this trainer; drop the flag"),
     ({"--train-shuffle-idx-path": "s.npy"}, "--train-shuffle-idx-path: precomputed index files (Microsoft's data "
@@ -250,3 +251,77 @@ def test_no_flag_listed_as_no_effect_is_read_by_the_trainer():
                             and path not in READ_ONLY_TO_VALIDATE.get(actions[flag].dest, ()))
                for flag in NO_EFFECT}
     assert {flag: paths for flag, paths in readers.items() if paths} == {}
+
+
+# --- Argonne's --adjust-word-embedding-init --word-embedding-init-std ----------------------------
+
+def _embedding_and_reference(config, seed):
+    """(word, position) weights of our Embedding built under `seed`, and the same two tensors drawn
+    with plain torch.nn.init.normal_ from the same seed: the word embedding at the std the flags
+    say, the position table at --init-method-std."""
+    import torch
+
+    from megatron.model.language_model import Embedding
+    shape = config.shape
+    torch.manual_seed(seed)
+    built = Embedding(config)
+    torch.manual_seed(seed)
+    word = torch.nn.init.normal_(torch.empty(shape.padded_vocab_size, shape.hidden_size), 0.0, EMBED_STD)
+    position = torch.nn.init.normal_(torch.empty(shape.max_position_embeddings, shape.hidden_size), 0.0, 0.01)
+    return built.word_embeddings.weight.detach(), built.position_embeddings.weight.detach(), word, position
+
+
+EMBED_STD = 0.632455532  # Argonne's AuroraGPT launcher's sqrt(2/5)
+
+
+def test_adjust_word_embedding_init_draws_the_word_embedding_at_its_std():
+    """Argonne's rule: the word embedding (and so the tied output layer) is N(0, --word-embedding-init-std)
+    with --adjust-word-embedding-init, N(0, 0.02) with that flag alone whatever --init-method-std is,
+    and N(0, --init-method-std) without it; every other weight keeps --init-method-std. Exactly the
+    tensors torch.nn.init.normal_ draws from the same seed."""
+    import torch
+
+    from megatron.model.config import GPTConfig
+    adjusted = GPTConfig.from_args(_validated({"--adjust-word-embedding-init": None, "--word-embedding-init-std":
+                                               EMBED_STD, "--init-method-std": 0.01}))
+    assert adjusted.word_embedding_init_std == EMBED_STD
+    assert GPTConfig.from_args(_validated({"--adjust-word-embedding-init": None, "--init-method-std": 0.01})
+                               ).word_embedding_init_std == 0.02
+    assert GPTConfig.from_args(_validated({"--init-method-std": 0.01})).word_embedding_init_std is None
+    [(word, position, word_ref, position_ref)] = run_distributed(1, _embedding_and_reference, adjusted, 7)
+    assert torch.equal(word, word_ref) and torch.equal(position, position_ref)
+
+
+# --- --accumulate-allreduce-grads-in-fp32: the ds_config's data_types.grad_accum_dtype --------------
+
+def test_accumulate_allreduce_grads_in_fp32_is_the_ds_config_key_deepspeed_reads(tmp_path):
+    """The ds_config DeepSpeed is given carries grad_accum_dtype fp32, and DeepSpeed's own parser reads
+    fp32 accumulation from it (the engines it builds: tests/test_memory_measured.py); an fp32 run
+    takes it as is (its gradients are fp32 already). A ds_config that says otherwise, or the key
+    where DeepSpeed's engine would raise (16-bit weights at ZeRO 0), is one line."""
+    import json
+
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig, DtypeEnum
+
+    from megatron.arguments import ConfigError
+    for changes in ({"--bf16": None, "--zero-stage": 1}, {"--zero-stage": 0}):
+        config = _validated({"--accumulate-allreduce-grads-in-fp32": None, **changes}).deepspeed_config_dict
+        assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+        probe = {k: v for k, v in config.items() if k not in ("train_batch_size", "gradient_accumulation_steps")}
+        assert DtypeEnum(DeepSpeedConfig(probe).grad_accum_dtype).value == torch.float32
+    assert "data_types" not in _validated({"--bf16": None, "--zero-stage": 1}).deepspeed_config_dict
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"data_types": {"grad_accum_dtype": "bf16"}}))
+    with pytest.raises(ConfigError) as refused:
+        _validated({"--accumulate-allreduce-grads-in-fp32": None, "--bf16": None, "--deepspeed_config": ds})
+    assert str(refused.value) == (f"--deepspeed_config {ds}: data_types.grad_accum_dtype=bf16 disagrees with "
+                                  f"--accumulate-allreduce-grads-in-fp32; make them match")
+    # the key alone, in DeepSpeed's other spelling, where DeepSpeed 0.19.8 raises NotImplementedError
+    ds.write_text(json.dumps({"data_types": {"grad_accum_dtype": "float32"}}))
+    with pytest.raises(ConfigError) as refused:
+        _validated({"--bf16": None, "--deepspeed_config": ds})
+    assert str(refused.value).startswith(f"--deepspeed_config {ds}: data_types.grad_accum_dtype=fp32 with bf16 "
+                                         f"weights needs ZeRO: ")
+    assert _validated({"--bf16": None, "--deepspeed_config": ds, "--zero-stage": 1}).deepspeed_config_dict[
+        "data_types"] == {"grad_accum_dtype": "fp32"}  # the canonical name, as the memory table reads it

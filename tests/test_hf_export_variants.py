@@ -21,6 +21,11 @@ ALIBI = ["--position-embedding-type", "alibi", "--embed-layernorm"]
 EXPORTS = {
     "gpt2": ([], 3e-3, "GPT2LMHeadModel", "layer_norm_epsilon", 1e-5),
     "llama": (LLAMA, 2e-3, "LlamaForCausalLM", "rms_norm_eps", 1e-5),
+    # Qwen2's: LLaMA's block, tied, a bias on q, k and v only (zero at init: 3 iterations train it
+    # away from zero, so logits without it differ)
+    "qwen2": ([f for f in LLAMA if f != "--untie-embeddings-and-output-weights"] + ["--add-qkv-bias",
+                                                                                  "--train-iters", 3], 3e-3,
+              "Qwen2ForCausalLM", "rms_norm_eps", 1e-5),
     "neox": (ROTARY + ["--rotary-percent", 0.5, "--untie-embeddings-and-output-weights"], 4e-3,
              "GPTNeoXForCausalLM", "layer_norm_eps", 1e-5),
     # transformers' BLOOM: head dim 8 (48 / 6); its tanh GeLU against our exact one: ~1e-5 apart
@@ -65,12 +70,14 @@ REFUSED = {
     "gpt2_rmsnorm": (["--normalization", "rmsnorm"], "normalization=rmsnorm"),
     "gpt2_geglu": (["--glu-activation", "geglu"], "glu_activation=geglu"),
     "gpt2_no_bias": (["--disable-bias-linear"], "add_bias_linear=False"),
+    # Qwen2's QKV bias in a GPT-2 block
+    "gpt2_qkv_bias": (["--disable-bias-linear", "--add-qkv-bias"], "add_bias_linear=False, add_qkv_bias=True"),
     "gpt2_gqa": (["--num-key-value-heads", 2], "num_key_value_heads=2"),
     "gpt2_embed_layernorm": (["--embed-layernorm"], "embed_layernorm=True"),
     "gpt2_kv_channels": (["--kv-channels", 32], "kv_channels=32"),
     "no_positions": (["--no-position-embedding"], "position_embedding_type=none"),
 }
-KNOWN = "GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM"
+KNOWN = "GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM, Qwen2ForCausalLM"
 TOKENS = torch.randint(0, 600, (2, 32), generator=torch.Generator().manual_seed(0))
 
 

@@ -102,3 +102,20 @@ def test_bf16_optimizer_branches_are_exact(flags):
         assert predicted["optimizer"] == 3 * 4 * TOTAL // 2 + 2 * 4
         assert predicted["gradients"] == (2 * (V * H + S * H + 8 * H * H + 14 * H) if rank == 0 else
                                           2 * (20 * H * H + 14 * H)), rank
+
+
+@pytest.mark.parametrize("flags", [
+    ["--zero-stage", "1"],                             # DeepSpeed picks BF16_Optimizer for the fp32 accumulator
+    ["--zero-stage", "2", "--no-pipeline-parallel"],   # the ZeRO optimizer accumulates in fp32
+], ids=["zero1-pipeline", "zero2-no-pipeline"])
+def test_bf16_with_fp32_gradient_accumulation_is_exact(flags):
+    """--accumulate-allreduce-grads-in-fp32 (the ds_config's data_types.grad_accum_dtype fp32) on the
+    real engines DeepSpeed builds for it, and by hand: at ZeRO 1 DeepSpeed switches to BF16_Optimizer,
+    a full flat fp32 accumulator next to the bf16 .grad tensors; at ZeRO 2 its ZeRO optimizer keeps
+    one fp32 buffer of the rank's half (both groups are multiples of 4: no padding)."""
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4", "--bf16",
+                                                "--accumulate-allreduce-grads-in-fp32"] + flags)[0]
+    check_exact(rows)
+    for *_, predicted, _ in rows:
+        assert predicted["gradients"] == (4 * TOTAL + 2 * TOTAL if "1" in flags else 4 * TOTAL // 2)
+        assert predicted["optimizer"] == 3 * 4 * TOTAL // 2 + 2 * 4

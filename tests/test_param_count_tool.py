@@ -56,13 +56,13 @@ def test_unknown_flags_are_ignored_so_launch_scripts_paste_in():
 
 def test_flags_the_trainer_does_not_know_are_named_in_one_line():
     """The trainer's flags the tool does not read (--lr, --save, DeepSpeed's) pass silently; flags
-    pretrain_gpt.py does not know either (Megatron-LM's --add-qkv-bias changes the model) are named,
+    pretrain_gpt.py does not know either (Megatron-LM's --qk-layernorm changes the model) are named,
     values left out, in one line on stderr; the report is the one without them."""
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
              "--vocab-size", "600"]
     known = ["--lr", "1e-4", "--save", "ckpt", "--deepspeed", "--deepspeed_config", "ds.json", "--log-interval", "1"]
-    unknown = ["--add-qkv-bias", "--use-mcore-models", "--distributed-timeout-minutes", "30",
+    unknown = ["--qk-layernorm", "--use-mcore-models", "--distributed-timeout-minutes", "30",
                "--no-rope-fusion=1"]
 
     def tool(*flags):
@@ -72,7 +72,7 @@ def test_flags_the_trainer_does_not_know_are_named_in_one_line():
     assert plain.stdout == with_known.stdout == with_unknown.stdout and "parameters: 143,104\n" in plain.stdout
     assert plain.stderr == with_known.stderr == ""
     assert with_unknown.stderr == ("param_count.py: ignored, not flags of pretrain_gpt.py (the numbers are for the "
-                                   "model without them): --add-qkv-bias, --use-mcore-models, "
+                                   "model without them): --qk-layernorm, --use-mcore-models, "
                                    "--distributed-timeout-minutes, --no-rope-fusion\n")
 
 

@@ -34,6 +34,7 @@ def by_hand(name):
     glu = v.get("swiglu", False) or v.get("glu_activation") is not None
     f = v.get("ffn_hidden_size", (int(8 * h / 3 / 64) * 64) if v.get("swiglu") else 4 * h)
     bias = v.get("add_bias_linear", True)
+    qkv_bias = bias or v.get("add_qkv_bias", False)  # Megatron-LM's rule for the QKV's bias
     norm = h if v.get("normalization") == "rmsnorm" else 2 * h
     qkv = (a + 2 * g) * d
     m = 2 if glu else 1  # a GLU's dense_h_to_4h yields gate and value
@@ -42,7 +43,7 @@ def by_hand(name):
         "position_embeddings": s * h if v.get("position_embedding_type", "absolute") == "absolute" else 0,
         # BLOOM's word_embeddings_layernorm: a LayerNorm (weight and bias) whatever --normalization says
         "embedding_layernorm": 2 * h if v.get("embed_layernorm") else 0,
-        "attention": layers * (h * qkv + bias * qkv + a * d * h + bias * h),
+        "attention": layers * (h * qkv + qkv_bias * qkv + a * d * h + bias * h),
         "mlp": layers * (h * m * f + bias * m * f + f * h + bias * h),
         "layernorm": layers * 2 * norm + norm,
         "output_layer": vocab * h if v.get("untie_embeddings_and_output_weights") else 0,

@@ -38,6 +38,11 @@ def test_both_forks_spellings_give_one_shape():
     assert shape_of("--use-rotary-position-embeddings", "--no-position-embedding").position_embedding_type == "rotary"
     assert shape_of("--position-embedding-type", "alibi", "--no-position-embedding").position_embedding_type == "alibi"
     assert shape_of("--group-query-attention").num_key_value_heads == 1  # Megatron-LM's default: one group
+    # Megatron-LM's --add-qkv-bias: a bias on QKV only, a change with --disable-bias-linear alone (the QKV
+    # has its bias otherwise: one model, one checkpoint layout)
+    assert shape_of("--add-qkv-bias") == shape_of()
+    qkv_only = shape_of("--disable-bias-linear", "--add-qkv-bias")
+    assert (qkv_only.add_bias_linear, qkv_only.add_qkv_bias) == (False, True)
     assert shape_of().num_key_value_heads == 4 and shape_of().kv_channels == 16
     assert shape_of("--hidden-size", 66, "--kv-channels", 16).kv_channels == 16
     for h in (4096, 5120, 8192, 100):
@@ -105,6 +110,45 @@ def test_llama2_70b_count_matches_the_published_number():
     assert "  output_layer        | 262,144,000\n" in out and "position_embeddings" not in out
 
 
+QWEN2_0_5B = ["--num-layers", "24", "--hidden-size", "896", "--num-attention-heads", "14", "--group-query-attention",
+              "--num-query-groups", "2", "--ffn-hidden-size", "4864", "--seq-length", "4096",
+              "--max-position-embeddings", "32768", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+              "--swiglu", "--disable-bias-linear", "--add-qkv-bias",
+              # the tokenizer's 151,643 tokens padded to a multiple of 1187 (x TP 1): 151,936, the released rows
+              "--vocab-size", "151643", "--make-vocab-size-divisible-by", "1187"]
+
+
+def test_qwen2_0_5b_count_matches_transformers_and_the_published_number():
+    """Qwen2-0.5B with Megatron-LM's flags (--disable-bias-linear --add-qkv-bias: a bias on QKV
+    only): 494,032,768 parameters, the count of its released weights. By hand: h 896, 24 layers,
+    14 query / 2 kv heads of dim 64, ffn 4864, vocab 151,936, tied:
+      embedding 151,936 x 896 = 136,134,656
+      per layer: QKV (14 + 2 x 2) x 64 x 896 = 1,032,192 + its bias 1,152; dense 896 x 896 = 802,816;
+                 SwiGLU 3 x 896 x 4864 = 13,074,432; two RMSNorms 1,792 -> 14,912,384
+      24 layers 357,897,216 + the final RMSNorm 896 = 357,898,112 without embeddings
+    and independently from transformers' own Qwen2 built on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                                      num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                                      tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = transformers.Qwen2ForCausalLM(config)
+    theirs = sum(p.numel() for p in model.parameters())  # the tied head once
+    out = subprocess.run([sys.executable, "tools/param_count.py", *QWEN2_0_5B], capture_output=True, text=True,
+                         check=True).stdout
+    assert theirs == 494_032_768 == 136_134_656 + 357_898_112
+    assert f"parameters: {theirs:,}\n" in out and "parameters without embeddings: 357,898,112\n" in out
+    assert "padded vocab size: 151,936 (vocab 151,643, multiple of 1187 x TP 1)\n" in out
+    assert "architecture: rotary, swiglu ffn 4864, rmsnorm, 14 query / 2 kv heads, tied, qkv bias only\n" in out
+    # the bias is not a matmul: the FLOPs are the model's without it
+    plain = subprocess.run([sys.executable, "tools/param_count.py", *(f for f in QWEN2_0_5B if f != "--add-qkv-bias")],
+                           capture_output=True, text=True, check=True).stdout
+    assert "parameters: 494,005,120\n" in plain  # 24 x 1,152 fewer
+    flops = [line for line in out.splitlines() if "FLOPs" in line]
+    assert flops and flops == [line for line in plain.splitlines() if "FLOPs" in line]
+
+
 def _measured_flops(names):
     """FlopCounterMode on a real forward + backward of each variant's GPTModel ("math" attention
     spells QK^T and PV out as matmuls), batch 2."""
@@ -142,6 +186,7 @@ def test_describe_and_report_name_the_variant():
         "gpt2": "learned positions, gelu ffn 256, layernorm, 8 heads, tied",
         "bloom": "alibi, gelu ffn 192, embed layernorm, layernorm, 6 heads, tied",
         "llama": "rotary, swiglu ffn 128, rmsnorm, 8 query / 2 kv heads, untied, no bias",
+        "qwen2": "rotary, swiglu ffn 128, rmsnorm, 8 query / 2 kv heads, tied, qkv bias only",
         "mqa": "rotary, gelu ffn 256, layernorm, 8 query / 1 kv heads, tied",
         "kv_channels": "no positions, gelu ffn 256, layernorm, 8 query / 4 kv heads of dim 24, tied",
         "geglu_ffn100": "learned positions, geglu ffn 100, layernorm, 8 heads, tied",
@@ -159,6 +204,18 @@ def with_vocab(args, vocab=600):
     """As initialize_megatron completes the shape once the tokenizer is built (600 pads to 640)."""
     args.model_shape = dataclasses.replace(args.model_shape, vocab_size=vocab)  # args.padded_vocab_size follows
     return args
+
+
+def test_the_layout_writes_add_qkv_bias_where_the_model_has_it():
+    """Checkpoints of every other variant keep their files as they were (tests/test_checkpoint_files.py
+    reads them); a QKV-bias-only model's layout says so and reads back as that model."""
+    from megatron.checkpoint.layout import CheckpointLayout
+    plain = CheckpointLayout.from_shape(with_vocab(validated(["--disable-bias-linear"])).model_shape, True)
+    qkv = CheckpointLayout.from_shape(with_vocab(validated(["--disable-bias-linear", "--add-qkv-bias"])).model_shape,
+                                      True)
+    assert "add_qkv_bias" not in plain.to_dict() and qkv.to_dict()["add_qkv_bias"] is True
+    assert CheckpointLayout.from_dict(qkv.to_dict(), "here").model_shape().add_qkv_bias
+    assert qkv.shape_differences(plain) == [("add_qkv_bias", True, False)]
 
 
 def test_checkpoint_layout_names_the_variant_and_old_checkpoints_load_as_gpt2(tmp_path):

@@ -1,11 +1,12 @@
 """Real `deepspeed --num_gpus N pretrain_gpt.py` runs of the architecture variants, the fewest
 that put every variant under TP=2 and under PP=2: a LLaMA-style (rotary, SwiGLU, RMSNorm, GQA,
-untied, no bias) and a BLOOM-style model (ALiBi with 6 heads, embedding LayerNorm, GeLU) at
+untied, no bias but Qwen2's QKV bias, split over TP like the QKV rows) and a BLOOM-style model
+(ALiBi with 6 heads, embedding LayerNorm, GeLU) at
 TP=2 x PP=2, and MQA with a GLU of non-default ffn size and --kv-channels != h/a at PP=2 (MQA
 needs TP=1). Each rank's cached count equals the analytic table, tools/param_count.py and the
 numel of the TP=1 PP=1 model; the LLaMA-style run also resumes exactly from its checkpoint,
 which a GPT-2 launch then refuses before building a model, resumes at TP=1 x PP=1 with the
-uninterrupted run's loss, and exports to LlamaForCausalLM; the BLOOM-style one exports to
+uninterrupted run's loss, and exports to Qwen2ForCausalLM; the BLOOM-style one exports to
 BloomForCausalLM, whose logits (its own ALiBi, embedding LayerNorm and GeLU) are compared with ours."""
 import re
 import subprocess
@@ -23,7 +24,8 @@ from megatron.model.analytic import analytic_parameter_counts
 ITERS = 6
 VOCAB = 512  # a multiple of 128 x TP 2: every layout builds the same model
 LLAMA = ["--use-rotary-position-embeddings", "--no-position-embedding", "--swiglu", "--normalization", "rmsnorm",
-         "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+         "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+         "--add-qkv-bias"]  # Megatron-LM's: Qwen2's bias on QKV only
 # head dim 48 / 6 = 8: transformers' BLOOM has no other head dim
 BLOOM = ["--position-embedding-type", "alibi", "--embed-layernorm", "--hidden-size", 48, "--num-attention-heads", 6]
 MQA_GLU = ["--position-embedding-type", "rope", "--group-query-attention", "--glu-activation", "geglu",
@@ -82,7 +84,7 @@ def test_llama_tp2_pp2_counts_resumes_exactly_and_refuses_another_variant(tmp_pa
     flags = flags_for(LLAMA, 2, 2, "--save", ckpt, "--save-interval", 3)
     proc, whole = launch(4, flags, str(tmp_path / "whole"))
     shape = check_counts(proc, whole, flags, 4)
-    assert shape.describe() == "rotary, swiglu ffn 128, rmsnorm, 4 query / 2 kv heads, untied, no bias"
+    assert shape.describe() == "rotary, swiglu ffn 128, rmsnorm, 4 query / 2 kv heads, untied, qkv bias only"
     # as if the run had stopped after iteration 3: the pointers name the checkpoint of iteration 3
     (ckpt / "latest").write_text("global_step3")
     (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
@@ -99,7 +101,7 @@ def test_llama_tp2_pp2_counts_resumes_exactly_and_refuses_another_variant(tmp_pa
     for field, saved, now in (("position_embedding_type", "rotary", "absolute"), ("glu_activation", "swiglu", None),
                               ("ffn_hidden_size", 128, 256), ("normalization", "rmsnorm", "layernorm"),
                               ("num_key_value_heads", 2, 4), ("untie_embeddings_and_output_weights", True, False),
-                              ("add_bias_linear", False, True)):
+                              ("add_bias_linear", False, True), ("add_qkv_bias", True, False)):
         assert f"{field}: saved {saved} vs now {now}" in message
     assert "model parameters (exact)" not in proc.stdout
     # resharded to TP=1 x PP=1 (the fused QKV's kv groups and the SwiGLU halves of both TP ranks
@@ -112,15 +114,16 @@ def test_llama_tp2_pp2_counts_resumes_exactly_and_refuses_another_variant(tmp_pa
     assert "resuming TP=2 x PP=2 checkpoint" in proc.stdout and "at TP=1 x PP=1: resharding" in proc.stdout
     assert tp1[0]["losses"]["4"] == pytest.approx(whole[3]["losses"]["4"], rel=0, abs=1e-5)
 
-    # exported to transformers as LlamaForCausalLM (GQA, untied): our logits, the trainer's count
+    # exported to transformers as Qwen2ForCausalLM (GQA, untied, the QKV bias of both TP ranks
+    # merged): our logits, the trainer's count
     pytest.importorskip("transformers")
     from transformers import AutoModelForCausalLM
     proc = convert("--load", ckpt, "--output", tmp_path / "hf")
     assert proc.returncode == 0, proc.stderr
     count = whole[0]["parameters"]
-    assert "to LlamaForCausalLM" in proc.stdout and f"parameters: {count:,} (" in proc.stdout
+    assert "to Qwen2ForCausalLM" in proc.stdout and f"parameters: {count:,} (" in proc.stdout
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert type(model).__name__ == "LlamaForCausalLM" and model.num_parameters() == count
+    assert type(model).__name__ == "Qwen2ForCausalLM" and model.num_parameters() == count
     assert (model.config.num_key_value_heads, model.config.tie_word_embeddings) == (2, False)
     tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
     [ours] = run_distributed(1, our_logits, str(ckpt), tokens)

@@ -11,6 +11,9 @@ VARIANTS = {
     # rotary, SwiGLU with the Microsoft fork's ffn default (128 for h 64), RMSNorm, 8 query / 2 kv heads
     "llama": dict(position_embedding_type="rotary", swiglu=True, normalization="rmsnorm", num_key_value_heads=2,
                   untie_embeddings_and_output_weights=True, add_bias_linear=False),
+    # Qwen2's: LLaMA's block, tied, a bias on QKV only (Megatron-LM's --disable-bias-linear --add-qkv-bias)
+    "qwen2": dict(position_embedding_type="rotary", swiglu=True, normalization="rmsnorm", num_key_value_heads=2,
+                  add_bias_linear=False, add_qkv_bias=True),
     "mqa": dict(position_embedding_type="rotary", num_key_value_heads=1),  # TP=1 only
     "kv_channels": dict(kv_channels=24, num_key_value_heads=4, position_embedding_type="none"),
     "geglu_ffn100": dict(glu_activation="geglu", ffn_hidden_size=100),

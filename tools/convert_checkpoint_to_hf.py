@@ -129,13 +129,17 @@ def _gpt2_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     return "GPT2LMHeadModel", config, sd
 
 
-def _llama_matches(checkpoint):
-    """LLaMA's block: rotary positions, RMSNorm, SwiGLU MLP, no embedding LayerNorm; any number
-    of kv heads and any head dim; tied or untied; with or without linear biases."""
-    shape = checkpoint.shape
+def _llama_block(shape):
+    """LLaMA's block: rotary positions over the whole head (as transformers rotates), RMSNorm,
+    SwiGLU MLP, no embedding LayerNorm; any number of kv heads and any head dim; tied or untied."""
     return (shape.position_embedding_type == "rotary" and shape.normalization == "rmsnorm"
-            and shape.glu_activation == "swiglu" and not shape.embed_layernorm
-            and shape.rotary_percent == 1)  # transformers' LLaMA rotates the whole head
+            and shape.glu_activation == "swiglu" and not shape.embed_layernorm and shape.rotary_percent == 1)
+
+
+def _llama_matches(checkpoint):
+    """LLaMA's block with or without linear biases (HF's attention_bias covers q, k, v and o
+    alike: a bias on QKV only is Qwen2's)."""
+    return _llama_block(checkpoint.shape) and not checkpoint.shape.add_qkv_bias
 
 
 # our fused QKV's kv groups: HF repeats kv head j for query heads j a/g .. (j+1) a/g - 1, the same
@@ -170,6 +174,30 @@ def _llama_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
                   attention_dropout=info.get("attention_dropout", 0.0),
                   initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
     return "LlamaForCausalLM", config, sd
+
+
+def _qwen2_matches(checkpoint):
+    """Qwen2's block: LLaMA's with a bias on q, k and v only (Megatron-LM's --disable-bias-linear
+    --add-qkv-bias)."""
+    return _llama_block(checkpoint.shape) and checkpoint.shape.add_qkv_bias
+
+
+def _qwen2_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
+    """Qwen2ForCausalLM: LLaMA's names (Qwen2 keeps them), full attention in every layer (no
+    sliding window)."""
+    shape, info = checkpoint.shape, checkpoint.model_info
+    sd = _hf_state_dict(checkpoint, weights, LLAMA_NAMES, "Qwen2ForCausalLM")
+    eod = info.get("eod_id")
+    config = dict(vocab_size=shape.padded_vocab_size, hidden_size=shape.hidden_size,
+                  intermediate_size=shape.ffn_hidden_size, num_hidden_layers=shape.num_layers,
+                  num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+                  head_dim=shape.kv_channels, hidden_act="silu", max_position_embeddings=shape.max_position_embeddings,
+                  rms_norm_eps=info.get("layernorm_epsilon", 1e-5),
+                  rope_parameters={"rope_type": "default", "rope_theta": info.get("rope_theta", 10000.0)},
+                  use_sliding_window=False, tie_word_embeddings=shape.tied,
+                  attention_dropout=info.get("attention_dropout", 0.0),
+                  initializer_range=info.get("init_method_std", 0.02), bos_token_id=eod, eos_token_id=eod)
+    return "Qwen2ForCausalLM", config, sd
 
 
 def _neox_matches(checkpoint):
@@ -250,7 +278,8 @@ def _bloom_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
 
 # (name, matches, build): the first that matches converts
 ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build), ("LlamaForCausalLM", _llama_matches, _llama_build),
-                 ("GPTNeoXForCausalLM", _neox_matches, _neox_build), ("BloomForCausalLM", _bloom_matches, _bloom_build)]
+                 ("GPTNeoXForCausalLM", _neox_matches, _neox_build), ("BloomForCausalLM", _bloom_matches, _bloom_build),
+                 ("Qwen2ForCausalLM", _qwen2_matches, _qwen2_build)]
 
 
 def to_hf(checkpoint: "Checkpoint", weights: "Weights") -> "Export":

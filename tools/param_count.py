@@ -98,6 +98,8 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
     args.zero_stage = args.zero_stage or 0
     arguments._validate_sequence_parallel(args)  # off at TP 1; TP must divide the sequence
     arguments._require(args.zero_stage in (0, 1, 2, 3), f"--zero-stage {args.zero_stage} must be 0, 1, 2 or 3")
+    if args.accumulate_allreduce_grads_in_fp32:  # the ds_config key the trainer sets: where DeepSpeed runs it
+        arguments.check_grad_accum_dtype("fp32", args)
     return TrainingSetup.from_args(args)
 
 

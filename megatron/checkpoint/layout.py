@@ -38,8 +38,10 @@ MODEL_FILE = "megatron_model.json"
 SHAPE, PARALLEL, VARIANT, MOE = "shape", "parallel", "variant", "moe"
 
 
-def _key(group: str, default: Any = dataclasses.MISSING, written_if_none: bool = True) -> Any:
-    return field(default=default, metadata={"group": group, "written_if_none": written_if_none})
+def _key(group: str, default: Any = dataclasses.MISSING, written_if_none: bool = True, omitted: tuple = ()) -> Any:
+    """omitted: values not written (a key that only a newer model variant needs is left out where
+    it has its old meaning, so the files of a model without it stay as they were)."""
+    return field(default=default, metadata={"group": group, "written_if_none": written_if_none, "omitted": omitted})
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class CheckpointLayout:
     normalization: str = _key(VARIANT, "layernorm")
     embed_layernorm: bool = _key(VARIANT, False)
     add_bias_linear: bool = _key(VARIANT, True)
+    add_qkv_bias: bool = _key(VARIANT, False, omitted=(False,))  # written where the model has it
     num_key_value_heads: int | None = _key(VARIANT, None)
     kv_channels: int | None = _key(VARIANT, None)
     untie_embeddings_and_output_weights: bool = _key(VARIANT, False)
@@ -112,8 +115,9 @@ class CheckpointLayout:
 
     def to_dict(self) -> dict:
         """The keys and values as written to megatron_layout.json and the client state."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None or f.metadata["written_if_none"]}
+        return {f.name: value for f in dataclasses.fields(self) for value in [getattr(self, f.name)]
+                if (value is not None or f.metadata["written_if_none"])
+                and value not in f.metadata["omitted"]}
 
     @property
     def is_moe(self) -> bool:
@@ -125,8 +129,8 @@ class CheckpointLayout:
         saved, ours = self.to_dict(), now.to_dict()
         group = {f.name: f.metadata["group"] for f in dataclasses.fields(self)}
         keys = [k for k in saved if group[k] == VARIANT] + [k for k in saved if group[k] != VARIANT] + list(ours)
-        return [(k, saved.get(k), ours.get(k)) for k in dict.fromkeys(keys)
-                if group[k] != PARALLEL and saved.get(k) != ours.get(k)]
+        return [(k, getattr(self, k), getattr(now, k)) for k in dict.fromkeys(keys)
+                if group[k] != PARALLEL and getattr(self, k) != getattr(now, k)]
 
     def model_shape(self, seq_length: int | None = None) -> ModelShape:
         """The ModelShape the checkpoint was saved with. The saved (padded) vocab is its vocab:

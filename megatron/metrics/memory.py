@@ -10,7 +10,9 @@ Which DeepSpeed optimizer runs follows `DeepSpeedEngine._do_optimizer_sanity_che
   fp32, ZeRO 0          the client torch optimizer, unwrapped (apex FusedAdam on CUDA when installed)
   fp16 / bf16, ZeRO 0   pipeline engine + bf16: BF16_Optimizer; otherwise FP16_UnfusedOptimizer
                         (FP16_Optimizer with a fused Adam)
-  ZeRO 1 / 2            DeepSpeedZeroOptimizer; ZeRO 3: DeepSpeedZeroOptimizer_Stage3 (an estimate here)
+  ZeRO 1 / 2            DeepSpeedZeroOptimizer (bf16 ZeRO 1 with data_types.grad_accum_dtype fp32,
+                        i.e. --accumulate-allreduce-grads-in-fp32: BF16_Optimizer);
+                        ZeRO 3: DeepSpeedZeroOptimizer_Stage3 (an estimate here)
 DeepSpeed flattens each param group (ours: weight-decayed matrices, then 1-D biases and norms)
 into one buffer padded to a multiple of 2 x DP elements (`nccl_start_alignment_factor`) and
 gives DP rank d the d-th equal slice of it. With contiguous gradients, ZeRO 1/2 copy the
@@ -87,7 +89,8 @@ class TrainingSetup:
                    attention_dropout=args.attention_dropout,
                    reduce_bucket_size=int(zero.get("reduce_bucket_size", REDUCE_BUCKET_SIZE)),
                    overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
-                   grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype"),
+                   grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype")
+                   or ("fp32" if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else None),
                    moe=args.model_shape.is_moe, sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
 
     @property
@@ -98,6 +101,8 @@ class TrainingSetup:
         """The optimizer DeepSpeed's engine builds around ours (see the module docstring)."""
         if self.zero_stage == 3:
             return "zero3"
+        if self.zero_stage == 1 and self.precision == "bf16" and self.grad_accum_dtype == "fp32":
+            return "bf16"  # DeepSpeed's choice for fp32 accumulation of bf16 gradients at stage 1
         if self.zero_stage in (1, 2):
             return "zero"
         if self.precision == "fp32":
@@ -209,6 +214,10 @@ def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
         optimizer += partition * MASTER_BYTES + _state_bytes(setup, partition)
         if wrapper == "bf16":
             grads += flat * acc_bytes  # BF16_Optimizer's full flat gradient accumulator
+        elif acc_bytes != b:
+            # ZeRO 1/2 accumulating in another dtype (fp32): one flat buffer of the rank's
+            # partition in that dtype (its compact grad partition buffer), no whole parameters
+            grads += partition * acc_bytes
         else:
             # ZeRO 1/2 contiguous gradients: whole parameters overlapping the slice; a parameter
             # in the slice without a gradient gets an extra zeros_like (get_all_grad_tensors)

@@ -88,11 +88,12 @@ def _norm_specs(layer, prefix, h, normalization, component="layernorm"):
     return specs
 
 
-def _linear_specs(shape, layer, name, component, out_features, in_features, split, fused=None, block=1):
+def _linear_specs(shape, layer, name, component, out_features, in_features, split, fused=None, block=1, bias=None):
     """A column-parallel linear (split column; its bias is split and fused like the weight's rows)
-    or a row-parallel one (split row; its bias is replicated)."""
+    or a row-parallel one (split row; its bias is replicated). bias: whether it has one (default:
+    the shape's add_bias_linear)."""
     specs = [ParamSpec(layer, f"{name}.weight", component, (out_features, in_features), split, fused, block)]
-    if shape.add_bias_linear:
+    if shape.add_bias_linear if bias is None else bias:
         bias = (split, fused, block) if split == "column" else ("replicated", None, 1)
         specs.append(ParamSpec(layer, f"{name}.bias", component, (out_features,), *bias))
     return specs
@@ -103,8 +104,9 @@ def _transformer_layer_specs(shape, layer):
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     return (_norm_specs(layer, "input_layernorm.", h, norm)
             # one row block per kv group: its query heads, then its key head and value head
+            # (--add-qkv-bias: a bias here even without the other linears')
             + _linear_specs(shape, layer, "self_attention.query_key_value", "attention", (a + 2 * g) * d, h, "column",
-                            "qkv", (a // g + 2) * d)
+                            "qkv", (a // g + 2) * d, bias=shape.qkv_bias)
             + _linear_specs(shape, layer, "self_attention.dense", "attention", h, a * d, "row")
             + _norm_specs(layer, "post_attention_layernorm.", h, norm)
             # a GLU's dense_h_to_4h yields the gate and the value: 2f outputs, alternating

@@ -19,6 +19,7 @@ class GPTConfig:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
+    word_embedding_init_std: float | None = None  # Argonne's --word-embedding-init-std; None: init_method_std
     layernorm_epsilon: float = 1e-5
     params_dtype: torch.dtype = torch.float32
     checkpoint_activations: bool = False
@@ -35,6 +36,7 @@ class GPTConfig:
     def from_args(cls, args: Namespace) -> "GPTConfig":
         return cls(shape=args.model_shape, hidden_dropout=args.hidden_dropout,
                    attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
+                   word_embedding_init_std=word_embedding_init_std(args),
                    layernorm_epsilon=args.layernorm_epsilon, params_dtype=args.params_dtype,
                    checkpoint_activations=args.checkpoint_activations,
                    checkpoint_num_layers=args.checkpoint_num_layers,
@@ -46,7 +48,21 @@ class GPTConfig:
         std = self.init_method_std
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
 
+    def word_embedding_init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The word embedding's (and so a tied output layer's): N(0, word_embedding_init_std)."""
+        std = self.init_method_std if self.word_embedding_init_std is None else self.word_embedding_init_std
+        return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
     def output_init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """Projections that write into the residual stream: std / sqrt(2 * layers) (GPT-2)."""
         std = self.init_method_std / math.sqrt(2.0 * self.shape.num_layers)
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+def word_embedding_init_std(args: Namespace) -> float | None:
+    """Argonne's rule: --adjust-word-embedding-init gives the word embedding N(0, --word-embedding-init-std),
+    0.02 when that is not given (the fork's default, whatever --init-method-std is); without it, None
+    (--init-method-std, as every other weight)."""
+    if not getattr(args, "adjust_word_embedding_init", False):
+        return None
+    return 0.02 if args.word_embedding_init_std is None else args.word_embedding_init_std

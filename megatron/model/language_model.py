@@ -18,7 +18,7 @@ class Embedding(nn.Module):
         super().__init__()
         shape = config.shape
         self.word_embeddings = mpu.VocabParallelEmbedding(shape.padded_vocab_size, shape.hidden_size,
-                                                          config.init_method(), config.params_dtype)
+                                                          config.word_embedding_init_method(), config.params_dtype)
         if shape.position_embedding_type == "absolute":
             # replicated on every TP rank; initialised on CPU like the TP layers so layouts agree
             weight = torch.empty(shape.max_position_embeddings, shape.hidden_size, dtype=torch.float32)

@@ -102,6 +102,7 @@ class ModelShape:
     normalization: str = "layernorm"           # or rmsnorm (weight only)
     embed_layernorm: bool = False              # a LayerNorm after the word embedding (first stage)
     add_bias_linear: bool = True               # False: no bias in QKV, dense, and the MLP linears
+    add_qkv_bias: bool = False                 # Megatron-LM's: the QKV bias even without add_bias_linear
     num_key_value_heads: int | None = None     # default num_attention_heads (MHA); 1: MQA
     kv_channels: int | None = None             # head dim; default hidden size / heads
     untie_embeddings_and_output_weights: bool = False
@@ -127,6 +128,8 @@ class ModelShape:
             object.__setattr__(self, "glu_activation", "swiglu")
         require(self.glu_activation in (None,) + GLU_ACTIVATIONS,
                 f"--glu-activation {self.glu_activation}: choose one of {', '.join(GLU_ACTIVATIONS)}")
+        if self.add_bias_linear:  # the QKV has its bias anyway: one spelling of one model (checkpoints)
+            object.__setattr__(self, "add_qkv_bias", False)
         normalization = str(self.normalization).lower()  # Megatron-LM spells it RMSNorm / LayerNorm
         require(normalization in NORMALIZATIONS, f"--normalization {self.normalization}: choose layernorm or rmsnorm")
         object.__setattr__(self, "normalization", normalization)
@@ -276,6 +279,7 @@ class ModelShape:
                    rotary_percent=getattr(args, "rotary_percent", 1.0),
                    glu_activation=args.glu_activation, swiglu=args.swiglu, normalization=args.normalization,
                    embed_layernorm=args.embed_layernorm, add_bias_linear=args.add_bias_linear,
+                   add_qkv_bias=getattr(args, "add_qkv_bias", False),
                    num_key_value_heads=_num_key_value_heads(args), kv_channels=args.kv_channels,
                    untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
                    **moe_fields_from_args(args))
@@ -296,6 +300,11 @@ class ModelShape:
         """Channels of each head that rotary rotates (Microsoft's --rotary-percent: int(d x p)); the
         rest pass through unrotated."""
         return int(self.kv_channels * self.rotary_percent)
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the fused QKV projection has a bias (Megatron-LM: add_bias_linear or add_qkv_bias)."""
+        return self.add_bias_linear or self.add_qkv_bias
 
     @property
     def glu(self) -> bool:
@@ -339,12 +348,13 @@ class ModelShape:
         parts = [positions, f"{self.glu_activation or 'gelu'} ffn {self.ffn_hidden_size}"]
         parts += ["embed layernorm"] if self.embed_layernorm else []
         parts += [self.normalization, heads, "tied" if self.tied else "untied"]
-        parts += [] if self.add_bias_linear else ["no bias"]
+        parts += [] if self.add_bias_linear else ["qkv bias only" if self.add_qkv_bias else "no bias"]
         return ", ".join(parts)
 
 
 VARIANT_FIELDS = ("position_embedding_type", "rotary_percent", "glu_activation", "normalization", "embed_layernorm",
-                  "add_bias_linear", "num_key_value_heads", "kv_channels", "untie_embeddings_and_output_weights")
+                  "add_bias_linear", "add_qkv_bias", "num_key_value_heads", "kv_channels",
+                  "untie_embeddings_and_output_weights")
 
 
 def gpt2_variant(num_attention_heads: int, hidden_size: int) -> dict:

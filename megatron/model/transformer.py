@@ -60,7 +60,7 @@ class ParallelAttention(nn.Module):
         self.rope_theta = config.rope_theta
         self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
         self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
-                                                        bias=shape.add_bias_linear, params_dtype=config.params_dtype,
+                                                        bias=shape.qkv_bias, params_dtype=config.params_dtype,
                                                         sequence_parallel=config.sequence_parallel)
         self.dense = mpu.RowParallelLinear(a * d, h, config.output_init_method(), bias=shape.add_bias_linear,
                                            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel)
