@@ -172,8 +172,10 @@ class Trainer:
             config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                mpu=None if self.parallel.ds_pipeline_enabled else mpu)
-        if self.parallel.data_parallel_size == 1 and own_clipping and not self.shape.is_moe:
-            # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
+        weight_holders = self.parallel.data_parallel_size * self.parallel.sequence_parallel_size
+        if weight_holders == 1 and own_clipping and not self.shape.is_moe:
+            # fp32, one rank holds the weights (no DP replica, no Ulysses SP rank whose gradient
+            # share is summed in): nothing to reduce, yet DeepSpeed would flatten every gradient, scale
             # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
             skip_gradient_allreduce(engine)  # DeepSpeedEngine.backward, PipelineEngine's ReduceGrads
         if self.shape.is_moe:
