@@ -1,11 +1,14 @@
-"""DeepSpeed-Ulysses (--ds-sequence-parallel-size) in-process: the model over 2 real gloo ranks,
-each holding half of every sequence, against the same model on one rank without sequence
-parallelism (a run that never takes the all-to-all path)."""
+"""DeepSpeed-Ulysses (--ds-sequence-parallel-size): the model over 2 real gloo ranks, each holding
+half of every sequence, against the same model on one rank without sequence parallelism (a run
+that never takes the all-to-all path): in-process for the position schemes and GQA, and one real
+`deepspeed` launch for the engine's gradient reduction, the log line and TensorBoard."""
 import pytest
 import torch
 
-from tests.distributed import run_distributed
-from tests.model_fixtures import SEED, tiny_batch, tiny_config
+from distributed import run_distributed
+from launcher import TINY, launch, losses
+from memory_runs import check_exact, first_iteration_and_loss
+from model_fixtures import SEED, tiny_batch, tiny_config
 
 # position schemes and GQA: what changes where a position or a head lives under SP
 VARIANTS = {
@@ -46,8 +49,63 @@ def test_sequence_parallel_loss_and_gradients_equal_one_rank():
             assert not torch.equal(ranks[0][name][1][param], ref), f"{name}: {param} is not split"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--tensor-model-parallel-size", "2"], "runs with --no-pipeline-parallel and TP = PP = 1"),
-])
-def test_placeholder(flags, message):
-    pass
+
+def _scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+def test_sp2_launch_trains_as_one_rank_and_counts_per_replica(tmp_path):
+    """ZeRO 0 (DeepSpeed's own all-reduce over the SP x DP ranks, which sums the SP ranks' shares)
+    with --no-pipeline-parallel: every iteration's loss and the validation loss equal a one-rank
+    run's; the counts and FLOPs per sample are the one-rank run's; TFLOPs are per rank (2 ranks)
+    and one replica is the 2 SP ranks (per-replica rates = the totals)."""
+    common = TINY + ["--global-batch-size", "4", "--train-iters", "3", "--no-pipeline-parallel",
+                     "--position-embedding-type", "rotary", "--num-key-value-heads", "2"]
+    one, reference = launch(1, common, str(tmp_path / "one"))
+    proc, ranks = launch(2, common + ["--ds-sequence-parallel-size", "2", "--tensorboard-dir", str(tmp_path / "tb")],
+                         str(tmp_path / "sp2"))
+    ref = reference[0]
+    for rank in ranks.values():
+        assert rank["losses"] == pytest.approx(ref["losses"], rel=1e-6)
+        assert [e[2] for e in rank["evaluations"]] == pytest.approx([e[2] for e in ref["evaluations"]], rel=1e-6)
+        for key in ("parameters", "parameters_no_embedding", "flops_per_sample", "gigaflos_no_embeds"):
+            assert rank[key] == ref[key], key
+    assert losses(proc.stdout) == losses(one.stdout)  # the log line's (rank 0 of the last replica)
+    s = _scalars(tmp_path / "tb")
+    for it in (1, 2, 3):
+        samples = s["iteration-time/samples per second"][it]
+        # by hand: 32 tokens a sample; one replica (2 ranks / SP 2); FLOPs over the 2 ranks
+        assert s["iteration-time/tokens per second"][it] == pytest.approx(32 * samples, rel=1e-5)
+        assert s["iteration-time/tokens per second per replica"][it] == pytest.approx(32 * samples, rel=1e-5)
+        assert s["iteration-time/samples per second per replica"][it] == pytest.approx(samples, rel=1e-5)
+        assert s["iteration-time/TFLOPs per gpu (estimated)"][it] == pytest.approx(
+            ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
+    assert "DP=1 x SP=2 (ZeRO over 2 ranks), micro batch 2 x 2" in proc.stdout  # one replica
+
+
+def test_sp2_zero1_memory_and_loss_against_one_rank():
+    """ZeRO 1 (DeepSpeedZeroOptimizer over the SP x DP ranks) on memory_runs' TINY model, micro
+    batch 2, SP=2 against one rank: the first iteration's loss is the one-rank loss; weights,
+    gradients and optimizer state are predicted to the byte, the optimizer state being half of the
+    one-rank ZeRO 1 state (partitioned over the two SP ranks); and the activations each SP rank
+    saves for backward are below the one-rank run's by the predicted amount."""
+    common = ["--global-batch-size", "2", "--no-pipeline-parallel", "--zero-stage", "1"]
+    [(one, one_loss)] = run_distributed(1, first_iteration_and_loss, common)
+    ranks = run_distributed(2, first_iteration_and_loss, common + ["--ds-sequence-parallel-size", "2"], sp=2)
+    rows = ranks[0][0]
+    check_exact(rows)
+    check_exact(one)
+    [(_, _, _, _, one_predicted, one_measured)] = one
+    for _rank_rows, loss in ranks:
+        assert loss == pytest.approx(one_loss, rel=1e-6)
+    # by hand (tests/test_memory_measured.py's TINY sizes): 143,104 parameters in two groups of
+    # 141,312 and 1,792 elements, each a multiple of 2 x 2: fp32 master, exp_avg, exp_avg_sq halved
+    for *_, predicted, measured in rows:
+        assert measured["optimizer"] == 3 * 4 * 143_104 // 2 + 2 * 4
+        assert one_measured["optimizer"] == 3 * 4 * 143_104 + 2 * 4
+        saved = one_measured["activations"] - measured["activations"]
+        assert saved == one_predicted["activations"] - predicted["activations"]
+        assert saved > one_measured["activations"] * 0.45  # nearly half: the logits dominate
