@@ -33,10 +33,10 @@ def _worker(rank, world_size, port, tp, pp, sp, fn, args, queue, env):
 
 
 def run_distributed(world_size, fn, *args, tp=1, pp=1, sp=1, timeout=300):
-    """fn(*args) runs on every rank (sp: DeepSpeed-Ulysses' sequence-parallel size); returns [result of rank 0, rank 1, ...]. The workers are
-    forked from a server that has imported torch, DeepSpeed and the trainer once
-    (megatron.launch.preloaded_context), not fresh interpreters that import them (~6 s of CPU each),
-    and see this process's environment as it is now, as spawned ones would."""
+    """fn(*args) runs on every rank (sp: DeepSpeed-Ulysses' sequence-parallel size); returns
+    [result of rank 0, rank 1, ...]. The workers are forked from a server that has imported torch,
+    DeepSpeed and the trainer once (megatron.launch.preloaded_context), not fresh interpreters that
+    import them (~6 s of CPU each), and see this process's environment as it is now, as spawned ones would."""
     ctx = preloaded_context()
     queue = ctx.Queue()
     port = free_port()

@@ -4,7 +4,7 @@ that never takes the all-to-all path): in-process for the position schemes and G
 `deepspeed` launch for the engine's gradient reduction, the log line and TensorBoard."""
 import pytest
 import torch
-
+from checkpoint_copies import checkpoint_at
 from distributed import run_distributed
 from launcher import TINY, launch, losses
 from memory_runs import check_exact, first_iteration_and_loss
@@ -57,25 +57,30 @@ def _scalars(logdir):
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
-def test_sp2_launch_trains_as_one_rank_and_counts_per_replica(tmp_path):
-    """ZeRO 0 (DeepSpeed's own all-reduce over the SP x DP ranks, which sums the SP ranks' shares)
-    with --no-pipeline-parallel: every iteration's loss and the validation loss equal a one-rank
-    run's; the counts and FLOPs per sample are the one-rank run's; TFLOPs are per rank (2 ranks)
-    and one replica is the 2 SP ranks (per-replica rates = the totals)."""
-    common = TINY + ["--global-batch-size", "4", "--train-iters", "3", "--no-pipeline-parallel",
-                     "--position-embedding-type", "rotary", "--num-key-value-heads", "2"]
-    one, reference = launch(1, common, str(tmp_path / "one"))
-    proc, ranks = launch(2, common + ["--ds-sequence-parallel-size", "2", "--tensorboard-dir", str(tmp_path / "tb")],
-                         str(tmp_path / "sp2"))
-    ref = reference[0]
-    for rank in ranks.values():
+def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
+    """Real `deepspeed` launches with --no-pipeline-parallel, rotary and GQA, 4 iterations,
+    checkpoints at 2: A, one rank (the reference, ZeRO 0); B, SP=2 with ZeRO 1 (DeepSpeed's ZeRO
+    optimizer partitioned over the SP x DP ranks, summing the SP ranks' gradient shares): every
+    loss, the validation loss, the counts and FLOPs per sample equal A's, TFLOPs are per rank (2)
+    and one replica is the 2 SP ranks; C, one rank with ZeRO 1 resumed from B's iteration 2 (SP 2
+    -> 1: B's two ZeRO partitions resharded into one); D, SP=2 with ZeRO 0 (DeepSpeed's own
+    all-reduce over the SP ranks) resumed from A's iteration 2 (SP 1 -> 2): their iterations 3 and
+    4 equal A's."""
+    common = TINY + ["--global-batch-size", "4", "--train-iters", "4", "--no-pipeline-parallel", "--save-interval",
+                     "2", "--position-embedding-type", "rotary", "--num-key-value-heads", "2"]
+    sp2 = ["--ds-sequence-parallel-size", "2"]
+    one, a = launch(1, common + ["--save", str(tmp_path / "a")], str(tmp_path / "a_out"))
+    proc, b = launch(2, common + sp2 + ["--zero-stage", "1", "--save", str(tmp_path / "b"),
+                                        "--tensorboard-dir", str(tmp_path / "tb")], str(tmp_path / "b_out"))
+    ref = a[0]
+    for rank in b.values():
         assert rank["losses"] == pytest.approx(ref["losses"], rel=1e-6)
         assert [e[2] for e in rank["evaluations"]] == pytest.approx([e[2] for e in ref["evaluations"]], rel=1e-6)
         for key in ("parameters", "parameters_no_embedding", "flops_per_sample", "gigaflos_no_embeds"):
             assert rank[key] == ref[key], key
     assert losses(proc.stdout) == losses(one.stdout)  # the log line's (rank 0 of the last replica)
     s = _scalars(tmp_path / "tb")
-    for it in (1, 2, 3):
+    for it in (1, 2, 3, 4):
         samples = s["iteration-time/samples per second"][it]
         # by hand: 32 tokens a sample; one replica (2 ranks / SP 2); FLOPs over the 2 ranks
         assert s["iteration-time/tokens per second"][it] == pytest.approx(32 * samples, rel=1e-5)
@@ -84,6 +89,15 @@ def test_sp2_launch_trains_as_one_rank_and_counts_per_replica(tmp_path):
         assert s["iteration-time/TFLOPs per gpu (estimated)"][it] == pytest.approx(
             ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
     assert "DP=1 x SP=2 (ZeRO over 2 ranks), micro batch 2 x 2" in proc.stdout  # one replica
+
+    _, c = launch(1, common + ["--zero-stage", "1",
+                               "--load", checkpoint_at(str(tmp_path / "b"), 2, str(tmp_path / "b2"))],
+                  str(tmp_path / "c_out"))
+    _, d = launch(2, common + sp2 + ["--load", checkpoint_at(str(tmp_path / "a"), 2, str(tmp_path / "a2"))],
+                  str(tmp_path / "d_out"))
+    for resumed in (c[0], d[0], d[1]):
+        assert sorted(resumed["losses"]) == ["3", "4"]
+        assert resumed["losses"] == pytest.approx({it: ref["losses"][it] for it in ("3", "4")}, rel=1e-6)
 
 
 def test_sp2_zero1_memory_and_loss_against_one_rank():

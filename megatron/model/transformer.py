@@ -57,7 +57,8 @@ class ParallelAttention(nn.Module):
         core_heads = divide(self.num_heads, sp)
         if self.position_embedding_type == "alibi":
             # the slopes of the heads this rank's attention core computes
-            first = mpu.get_tensor_model_parallel_rank() * self.num_heads + mpu.get_sequence_parallel_rank() * core_heads
+            first = (mpu.get_tensor_model_parallel_rank() * self.num_heads
+                     + mpu.get_sequence_parallel_rank() * core_heads)
             slopes = alibi_slopes(a)[first:first + core_heads]
             self.register_buffer("alibi_slopes", torch.tensor(slopes, dtype=torch.float32), persistent=False)
         self._cache = {}  # (kind, s, device, dtype) -> causal mask / ALiBi bias / rotary tables

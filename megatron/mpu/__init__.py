@@ -7,5 +7,5 @@ from .mappings import (  # noqa: F401
                        reduce_from_tensor_model_parallel_region,
 )
 from .parallel_state import *  # noqa: F401,F403
-from .ulysses import gather_sequence, sequence_chunk, sequence_parallel_attention  # noqa: F401
 from .random import checkpoint, get_cuda_rng_tracker, model_parallel_seed  # noqa: F401
+from .ulysses import gather_sequence, sequence_chunk, sequence_parallel_attention  # noqa: F401
