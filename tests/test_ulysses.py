@@ -9,6 +9,7 @@ from distributed import run_distributed
 from launcher import TINY, launch, losses
 from memory_runs import check_exact, first_iteration_and_loss
 from model_fixtures import SEED, tiny_batch, tiny_config
+from tool_modules import load_tool
 
 # position schemes and GQA: what changes where a position or a head lives under SP
 VARIANTS = {
@@ -89,6 +90,12 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
         assert s["iteration-time/TFLOPs per gpu (estimated)"][it] == pytest.approx(
             ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
     assert "DP=1 x SP=2 (ZeRO over 2 ranks), micro batch 2 x 2" in proc.stdout  # one replica
+    # tools/param_count.py, given the launch's flags and its world size, prints the same memory table
+    tool = load_tool("param_count")
+    report = tool.report(tool.parse_args(common + sp2 + ["--zero-stage", "1", "--world-size", "2"]))
+    start = next(i for i, ln in enumerate(report) if ln.startswith("memory per rank"))
+    table = report[start:start + 4]  # title, header, the rank's row, the most loaded rank
+    assert all(ln in proc.stdout.splitlines() for ln in table), table
 
     _, c = launch(1, common + ["--zero-stage", "1",
                                "--load", checkpoint_at(str(tmp_path / "b"), 2, str(tmp_path / "b2"))],
