@@ -152,7 +152,8 @@ class Trainer:
         cache_parameter_counts(args, self.counts)
         report = format_parameter_report(self.counts, self.shape, self.parallel.data_parallel_size,
                                          args.checkpoint_activations, args.activations_checkpoint_method,
-                                         args.checkpoint_num_layers, flops=args.flops_per_sample)
+                                         args.checkpoint_num_layers, flops=args.flops_per_sample,
+                                         sequence_parallel_size=self.parallel.sequence_parallel_size)
         for line in report:
             print_rank_0(line)
         # when --pp-partition-method flops would split otherwise: its speed-up and both memories

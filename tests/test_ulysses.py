@@ -22,6 +22,9 @@ VARIANTS = {
 
 
 def _loss_and_grads(names):
+    """{variant: (loss, gradients, FLOPs of forward + backward as FlopCounterMode counts them)}."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     from megatron import mpu
     from megatron.model.gpt_model import GPTModel
     out = {}
@@ -30,9 +33,11 @@ def _loss_and_grads(names):
         model = GPTModel(config, seed=SEED)
         tokens, labels, mask = tiny_batch(config)
         mask[0, 3] = mask[1, 12] = 0.0  # the mean counts the unmasked tokens of the whole sequence
-        loss = model(*(mpu.sequence_chunk(t, 1) for t in (tokens, labels, mask)))
-        loss.backward()
-        out[name] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+        with FlopCounterMode(display=False) as flops:
+            loss = model(*(mpu.sequence_chunk(t, 1) for t in (tokens, labels, mask)))
+            loss.backward()
+        out[name] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()},
+                     flops.get_total_flops())
     return out
 
 
@@ -43,9 +48,10 @@ def test_sequence_parallel_loss_and_gradients_equal_one_rank(sp):
     reference = run_distributed(1, _loss_and_grads, names)[0]
     ranks = run_distributed(sp, _loss_and_grads, names, sp=sp)
     for name in names:
-        ref_loss, ref_grads = reference[name]
-        for loss, _ in (r[name] for r in ranks):  # every SP rank has the whole sequences' loss
+        ref_loss, ref_grads, ref_flops = reference[name]
+        for loss, _, flops in (r[name] for r in ranks):  # every SP rank has the whole sequences' loss
             torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6, msg=name)
+            assert flops * sp == ref_flops, name  # each SP rank does 1/SP of the model's FLOPs
         for param, ref in ref_grads.items():
             # each SP rank's gradient is its own tokens' share; DeepSpeed sums them over SP
             summed = sum(r[name][1][param] for r in ranks)
@@ -93,6 +99,7 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
         assert s["iteration-time/TFLOPs per gpu (estimated)"][it] == pytest.approx(
             ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
     assert "DP=1 x SP=2 (ZeRO over 2 ranks), micro batch 2 x 2" in proc.stdout  # one replica
+    assert f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP=2): {ref['flops_per_sample'] // 2:,}" in proc.stdout
     # tools/param_count.py, given the launch's flags and its world size, prints the same memory table
     tool = load_tool("param_count")
     report = tool.report(tool.parse_args(common + sp2 + ["--zero-stage", "1", "--world-size", "2"]))

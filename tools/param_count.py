@@ -117,7 +117,8 @@ def report(args: argparse.Namespace) -> list[str]:
            f"multiple of {shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})"),
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
                                 checkpoint_method=args.activations_checkpoint_method,
-                                checkpoint_num_layers=args.checkpoint_num_layers, flops=flops)
+                                checkpoint_num_layers=args.checkpoint_num_layers, flops=flops,
+                                sequence_parallel_size=args.ds_sequence_parallel_size)
     if args.global_batch_size:
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
     return lines + format_memory_report(shape, args.memory_setup) + split_comparison_lines(shape, args.memory_setup)
