@@ -6,7 +6,8 @@ Per run: tokens/s of the replica (the log line's samples per second x seq, media
 iterations after --skip), and rank 0's memory after the first iteration as the trainer prints it
 (predicted / measured: weights + gradients + optimizer state exact; activations the estimate /
 the bytes autograd saved for backward). "vs SP=1" is the ratio to the same sequence length's SP=1
-run. Every launch gets the whole machine: OMP_NUM_THREADS = max(1, --cores / SP).
+run (with --reps, the median over interleaved rounds of each round's ratio). Every launch gets
+the whole machine: OMP_NUM_THREADS = max(1, --cores / SP).
 
 Usage: python benchmarks/bench_ulysses.py [--seqs 256 512 1024 2048] [--sps 1 2 4] [model flags]
 """
@@ -45,20 +46,29 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="warm-up iterations left out of the median")
     parser.add_argument("--zero-stage", type=int, default=1)
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=1,
+                        help="rounds; each runs every (seq, SP) once, interleaved; medians over rounds")
     a = parser.parse_args()
+    runs: dict[tuple[int, int], list] = {}
+    for _ in range(a.reps):
+        for seq in a.seqs:
+            for sp in a.sps:
+                runs.setdefault((seq, sp), []).append(launch(a, seq, sp))
     rows = []
     for seq in a.seqs:
-        base = None
         for sp in a.sps:
-            tokens, cells = launch(a, seq, sp)
-            base = tokens if sp == 1 else base
+            tokens = common.median([t for t, _ in runs[(seq, sp)]])
+            # the ratio per round, to that round's SP=1 run of the same length (interleaved)
+            ratio = (common.median([t / b for (t, _), (b, _) in zip(runs[(seq, sp)], runs[(seq, 1)], strict=True)])
+                     if (seq, 1) in runs else None)
+            cells = runs[(seq, sp)][0][1]
             state = [sum(c[k] for c in cells[:3]) for k in (0, 1)]
             (act_p, act_m) = cells[3]
-            rows.append([seq, sp, f"{tokens:,.0f}", f"{tokens / base:.2f}" if base else "-",
+            rows.append([seq, sp, f"{tokens:,.0f}", f"{ratio:.2f}" if ratio else "-",
                          f"{state[0] / 2**20:.2f} / {state[1] / 2**20:.2f}",
                          f"{act_p / 2**20:.2f} / {act_m / 2**20:.2f}"])
     print(f"model L{a.layers} h{a.hidden} a{a.heads} mb{a.micro_batch} V{a.vocab}, fp32, gloo, ZeRO {a.zero_stage}, "
-          f"DP=1, {a.iters} iterations (median after {a.skip})")
+          f"DP=1, {a.iters} iterations (median after {a.skip}), {a.reps} round(s)")
     print(common.table(["seq", "SP", "tokens / s", "vs SP=1", "model state MiB / rank (pred / meas)",
                         "activations MiB / rank (est / saved)"], rows))
 
