@@ -87,7 +87,8 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
     """The memory table's layout, precision, ZeRO stage and batch, checked like the trainer does."""
     mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.ds_sequence_parallel_size
     world = args.world_size or mp
-    arguments._require(world % mp == 0, f"--world-size {world} is not divisible by TP x PP x SP = {mp}")
+    what = "TP x PP" if args.ds_sequence_parallel_size == 1 else "TP x PP x SP"
+    arguments._require(world % mp == 0, f"--world-size {world} is not divisible by {what} = {mp}")
     arguments._require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
     args.data_parallel_size = world // mp
     args.micro_batch_size = args.micro_batch_size or 1
