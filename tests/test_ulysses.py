@@ -73,9 +73,10 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
     optimizer partitioned over the SP x DP ranks, summing the SP ranks' gradient shares): every
     loss, the validation loss, the counts and FLOPs per sample equal A's, TFLOPs are per rank (2)
     and one replica is the 2 SP ranks; C, one rank with ZeRO 1 resumed from B's iteration 2 (SP 2
-    -> 1: B's two ZeRO partitions resharded into one); D, SP=2 with ZeRO 0 (DeepSpeed's own
-    all-reduce over the SP ranks) resumed from A's iteration 2 (SP 1 -> 2): their iterations 3 and
-    4 equal A's."""
+    -> 1: B's two ZeRO partitions resharded into one); D, 4 ranks, SP=2 x DP=2 with ZeRO 0
+    (DeepSpeed's own all-reduce over the SP x DP ranks: a sum over SP, a mean over DP; each replica
+    reads its DP share of the batch) resumed from A's iteration 2 (SP 1 -> 2): their iterations 3
+    and 4 equal A's."""
     common = TINY + ["--global-batch-size", "4", "--train-iters", "4", "--no-pipeline-parallel", "--save-interval",
                      "2", "--position-embedding-type", "rotary", "--num-key-value-heads", "2"]
     sp2 = ["--ds-sequence-parallel-size", "2"]
@@ -110,9 +111,9 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
     _, c = launch(1, common + ["--zero-stage", "1",
                                "--load", checkpoint_at(str(tmp_path / "b"), 2, str(tmp_path / "b2"))],
                   str(tmp_path / "c_out"))
-    _, d = launch(2, common + sp2 + ["--load", checkpoint_at(str(tmp_path / "a"), 2, str(tmp_path / "a2"))],
+    _, d = launch(4, common + sp2 + ["--load", checkpoint_at(str(tmp_path / "a"), 2, str(tmp_path / "a2"))],
                   str(tmp_path / "d_out"))
-    for resumed in (c[0], d[0], d[1]):
+    for resumed in (c[0], *d.values()):
         assert sorted(resumed["losses"]) == ["3", "4"]
         assert resumed["losses"] == pytest.approx({it: ref["losses"][it] for it in ("3", "4")}, rel=1e-6)
 
