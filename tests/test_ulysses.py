@@ -1,7 +1,8 @@
-"""DeepSpeed-Ulysses (--ds-sequence-parallel-size): the model over 2 real gloo ranks, each holding
-half of every sequence, against the same model on one rank without sequence parallelism (a run
-that never takes the all-to-all path): in-process for the position schemes and GQA, and one real
-`deepspeed` launch for the engine's gradient reduction, the log line and TensorBoard."""
+"""DeepSpeed-Ulysses (--ds-sequence-parallel-size): the model over 2 or 4 real gloo ranks, each
+holding a chunk of every sequence, against the same model on one rank without sequence
+parallelism (runs that never take the all-to-all path): in-process for the position schemes, GQA
+and FLOPs per rank; real `deepspeed` launches for DeepSpeed's gradient reduction (ZeRO 0 and 1, with
+DP), the log line, TensorBoard and resuming across SP sizes; the first iteration's memory."""
 import pytest
 import torch
 from checkpoint_copies import checkpoint_at
@@ -57,7 +58,6 @@ def test_sequence_parallel_loss_and_gradients_equal_one_rank(sp):
             summed = sum(r[name][1][param] for r in ranks)
             torch.testing.assert_close(summed, ref, rtol=1e-5, atol=1e-6, msg=f"{name}: {param}")
             assert not torch.equal(ranks[0][name][1][param], ref), f"{name}: {param} is not split"
-
 
 
 def _scalars(logdir):
