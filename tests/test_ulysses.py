@@ -71,8 +71,8 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
     """Real `deepspeed` launches with --no-pipeline-parallel, rotary and GQA, 4 iterations,
     checkpoints at 2: A, one rank (the reference, ZeRO 0); B, SP=2 with ZeRO 1 (DeepSpeed's ZeRO
     optimizer partitioned over the SP x DP ranks, summing the SP ranks' gradient shares): every
-    loss, the validation loss, the counts and FLOPs per sample equal A's, TFLOPs are per rank (2)
-    and one replica is the 2 SP ranks; C, one rank with ZeRO 1 resumed from B's iteration 2 (SP 2
+    loss, the validation loss, the counts and FLOPs per sample equal A's, TFLOPs and MFU are per
+    rank (2) and one replica is the 2 SP ranks; C, one rank with ZeRO 1 resumed from B's iteration 2 (SP 2
     -> 1: B's two ZeRO partitions resharded into one); D, 4 ranks, SP=2 x DP=2 with ZeRO 0
     (DeepSpeed's own all-reduce over the SP x DP ranks: a sum over SP, a mean over DP; each replica
     reads its DP share of the batch) resumed from A's iteration 2 (SP 1 -> 2): their iterations 3
@@ -81,7 +81,7 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
                      "2", "--position-embedding-type", "rotary", "--num-key-value-heads", "2"]
     sp2 = ["--ds-sequence-parallel-size", "2"]
     one, a = launch(1, common + ["--save", str(tmp_path / "a")], str(tmp_path / "a_out"))
-    proc, b = launch(2, common + sp2 + ["--zero-stage", "1", "--save", str(tmp_path / "b"),
+    proc, b = launch(2, common + sp2 + ["--zero-stage", "1", "--save", str(tmp_path / "b"), "--peak-tflops", "1",
                                         "--tensorboard-dir", str(tmp_path / "tb")], str(tmp_path / "b_out"))
     ref = a[0]
     for rank in b.values():
@@ -99,6 +99,8 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
         assert s["iteration-time/samples per second per replica"][it] == pytest.approx(samples, rel=1e-5)
         assert s["iteration-time/TFLOPs per gpu (estimated)"][it] == pytest.approx(
             ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
+        # no recompute: model FLOPs = executed FLOPs; over 2 devices of --peak-tflops 1
+        assert s["iteration-time/MFU"][it] == pytest.approx(ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
     assert "DP=1 x SP=2 (ZeRO over 2 ranks), micro batch 2 x 2" in proc.stdout  # one replica
     assert f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP=2): {ref['flops_per_sample'] // 2:,}" in proc.stdout
     # tools/param_count.py, given the launch's flags and its world size, prints the same memory table
