@@ -28,13 +28,16 @@ def model_provider(args: Namespace) -> GPTModel | GPTModelPipe:
 
 
 def get_batch(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """{"text": [b, s+1]} -> (tokens [b, s], (labels [b, s], loss_mask [b, s]))."""
+    """{"text": [b, s+1]} -> (tokens [b, s], (labels [b, s], loss_mask [b, s])); s/SP under
+    DeepSpeed-Ulysses (--ds-sequence-parallel-size)."""
     from megatron import get_args, get_tokenizer
     text = data["text"].long()
     tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
     loss_mask = torch.ones(labels.shape, dtype=torch.float32)
     if get_args().eod_mask_loss:
         loss_mask[tokens == get_tokenizer().eod] = 0.0
+    # DeepSpeed-Ulysses: the SP ranks of a replica read the same samples, each keeps its chunk
+    tokens, labels, loss_mask = (mpu.sequence_chunk(t, 1) for t in (tokens, labels, loss_mask))
     if torch.cuda.is_available():
         tokens, labels, loss_mask = (t.cuda(non_blocking=True) for t in (tokens, labels, loss_mask))
     return tokens, (labels, loss_mask)

@@ -376,7 +376,8 @@ def _add_published_script_args(parser):
     g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
                    help="accepted; no effect (never applied here)")
     g.add_argument("--ds-sequence-parallel-size", type=int, default=1,
-                   help="DeepSpeed-Ulysses sequence parallelism: only 1 (none) is supported")
+                   help="DeepSpeed-Ulysses sequence parallelism: the sequence split over this many ranks, "
+                        "attention all-to-all over heads (needs --no-pipeline-parallel, TP = PP = 1)")
 
 
 def _add_fork_feature_args(parser):
@@ -441,6 +442,32 @@ def validate_flag_values(args: argparse.Namespace) -> None:
         _require(args.min_lr <= args.lr, f"--min-lr {args.min_lr} exceeds --lr {args.lr}: the decay would rise")
 
 
+def _validate_ulysses(args: argparse.Namespace, world_size: int) -> int:
+    """DeepSpeed-Ulysses (--ds-sequence-parallel-size): the layouts it runs in, in one line each.
+    Returns the SP size."""
+    sp = args.ds_sequence_parallel_size
+    _require(sp >= 1, f"--ds-sequence-parallel-size {sp} must be at least 1 (1: no sequence parallelism)")
+    if sp == 1:
+        return sp
+    flag = f"--ds-sequence-parallel-size {sp}"
+    shape = args.model_shape
+    # DeepSpeed's pipeline engine averages gradients over its own DP group only (not the SP ranks)
+    _require(args.no_pipeline_parallel and args.pipeline_model_parallel_size == 1
+             and args.tensor_model_parallel_size == 1,
+             f"{flag} runs with --no-pipeline-parallel and TP = PP = 1 (got TP {args.tensor_model_parallel_size}, "
+             f"PP {args.pipeline_model_parallel_size}{'' if args.no_pipeline_parallel else ', pipeline engine'}): "
+             f"add --no-pipeline-parallel and use --tensor/--pipeline-model-parallel-size 1")
+    _require(not shape.is_moe, f"{flag} runs dense models only: drop --num-experts or the SP size")
+    _require(world_size % sp == 0,
+             f"world size {world_size} is not divisible by {flag}: launch a multiple of {sp} ranks")
+    _require(args.seq_length % sp == 0 and shape.num_attention_heads % sp == 0
+             and shape.num_key_value_heads % sp == 0,
+             f"{flag} must divide --seq-length ({args.seq_length}), --num-attention-heads "
+             f"({shape.num_attention_heads}) and the key/value heads ({shape.num_key_value_heads}): "
+             f"each rank holds s/SP tokens, then all of them for heads/SP heads")
+    return sp
+
+
 def validate_rampup(args: argparse.Namespace, data_parallel_size: int | None = None) -> list[int]:
     """--rampup-batch-size <start> <increment> <ramp-up samples> against the batch sizes (and, given
     the DP size, micro batch x DP); returns the three integers (also shared with tools/param_count.py)."""
@@ -488,7 +515,9 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
     _require(world_size % (tp * pp) == 0,
              f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
              f"--pipeline-model-parallel-size {pp}: launch a multiple of {tp * pp} ranks or change TP/PP")
-    args.data_parallel_size = world_size // (tp * pp)
+    sp = _validate_ulysses(args, world_size)
+    # a replica is TP x PP x SP ranks; the SP ranks of one replica read the same samples
+    args.data_parallel_size = world_size // (tp * pp * sp)
     # from here on args.ffn_hidden_size, .kv_channels, .padded_vocab_size, ... read the shape
     as_run_args(args)
     _require(not (args.no_pipeline_parallel and pp > 1),
@@ -499,9 +528,6 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
         args.optimizer = "adam"
     _require(args.optimizer in ("adam", "sgd"),
              f"--optimizer {args.optimizer} is not supported: use adam or sgd (adamw is adam)")
-    _require(args.ds_sequence_parallel_size == 1,
-             f"--ds-sequence-parallel-size {args.ds_sequence_parallel_size}: DeepSpeed-Ulysses sequence parallelism "
-             f"is not supported; use 1 (or drop the flag)")
     _require(not (args.distributed_backend == "nccl" and not cuda_available),
              "--distributed-backend nccl needs CUDA devices and none is visible: drop the flag (gloo is the "
              "default without CUDA) or pass --distributed-backend gloo")
@@ -527,6 +553,9 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
     args.ds_pipeline_enabled = not args.no_pipeline_parallel
     args.deepspeed = True  # this trainer always runs through the DeepSpeed engine
     _apply_deepspeed_config(args)
+    _require(args.ds_sequence_parallel_size == 1 or args.zero_stage < 3,
+             f"--ds-sequence-parallel-size {args.ds_sequence_parallel_size} runs with ZeRO stage 0, 1 or 2 "
+             f"(got {args.zero_stage}): lower --zero-stage / zero_optimization.stage")
     check_logging_flags(args, fp32_zero0=not (args.fp16 or args.bf16) and args.zero_stage == 0)
     return cast(RunArgs, args)  # as_run_args above made it one
 

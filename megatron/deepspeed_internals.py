@@ -64,6 +64,12 @@ def pipe_model_data_parallel_topology(num_pp: int, num_mp: int, num_dp: int) -> 
     return PipeModelDataParallelTopology(num_pp=num_pp, num_mp=num_mp, num_dp=num_dp)
 
 
+def process_topology(axes: list[str], dims: list[int]) -> Any:
+    """DeepSpeed's general rank grid (the last axis varies fastest), for layouts with a sequence axis."""
+    from deepspeed.runtime.pipe.topology import ProcessTopology
+    return ProcessTopology(axes=axes, dims=dims)
+
+
 def parsed_config(config: dict) -> Any:
     """Parse a ds_config the way the engine will (raising DeepSpeed's own error for a bad key).
     Only deepspeed.initialize parses configs publicly, and that needs a model; validation runs

@@ -60,7 +60,8 @@ def _initialize_distributed(args: RunArgs) -> ParallelLayout:
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
     layout = ParallelLayout.from_args(args)
-    mpu.initialize_model_parallel(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size)
+    mpu.initialize_model_parallel(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
+                                  layout.sequence_parallel_size)
     assert mpu.get_data_parallel_world_size() == layout.data_parallel_size, "DeepSpeed's topology disagrees"
     if backend == "gloo" and args.shm_tp_all_reduce:
         from megatron import print_rank_0

@@ -46,12 +46,16 @@ class ParallelLayout:
     world_size: int
     rank: int
     ds_pipeline_enabled: bool  # DeepSpeed's PipelineModule (False: --no-pipeline-parallel)
+    # DeepSpeed-Ulysses (--ds-sequence-parallel-size): a replica is TP x PP x SP ranks, and the
+    # world TP x PP x SP x DP; the data-parallel size above counts replicas
+    sequence_parallel_size: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ParallelLayout":
         """From validated flags (args.rank: set once torch.distributed started)."""
         return cls(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size,
-                   args.model_shape.moe_expert_parallel_size, args.world_size, args.rank, args.ds_pipeline_enabled)
+                   args.model_shape.moe_expert_parallel_size, args.world_size, args.rank, args.ds_pipeline_enabled,
+                   args.ds_sequence_parallel_size)
 
 
 @dataclass(frozen=True)

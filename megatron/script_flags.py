@@ -23,7 +23,6 @@ NO_EFFECT = {
     "--use-flash-attn-triton": "attention is exact either way",
     "--use-flash-attn-builder": "attention is exact either way",
     "--no-query-key-layer-scaling": "query-key layer scaling is never applied here",
-    "--ds-sequence-parallel-size": "1 is no sequence parallelism (larger sizes are refused)",
     "--timing-log-level": "one timer, the iteration time, is reported at every level",
     "--no-load-lr-state": "Microsoft's fork defines it but never reads it: the LR state loads as without it",
     "--dataloader-type": "single (the forks' GPT default) is what runs; cyclic is refused",

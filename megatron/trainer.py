@@ -159,7 +159,8 @@ class Trainer:
         cache_parameter_counts(args, self.counts)
         report = format_parameter_report(self.counts, self.shape, self.parallel.data_parallel_size,
                                          args.checkpoint_activations, args.activations_checkpoint_method,
-                                         args.checkpoint_num_layers, flops=args.flops_per_sample)
+                                         args.checkpoint_num_layers, flops=args.flops_per_sample,
+                                         sequence_parallel_size=self.parallel.sequence_parallel_size)
         for line in report:
             print_rank_0(line)
         if self.curriculum:
@@ -181,8 +182,10 @@ class Trainer:
             config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                mpu=None if self.parallel.ds_pipeline_enabled else mpu)
-        if self.parallel.data_parallel_size == 1 and own_clipping and not self.shape.is_moe:
-            # fp32, one replica: nothing to average, yet DeepSpeed would flatten every gradient, scale
+        weight_holders = self.parallel.data_parallel_size * self.parallel.sequence_parallel_size
+        if weight_holders == 1 and own_clipping and not self.shape.is_moe:
+            # fp32, one rank holds the weights (no DP replica, no Ulysses SP rank whose gradient
+            # share is summed in): nothing to reduce, yet DeepSpeed would flatten every gradient, scale
             # it by 1/1, all-reduce it over one rank and copy it back (~2% of a CPU step)
             skip_gradient_allreduce(engine)  # DeepSpeedEngine.backward, PipelineEngine's ReduceGrads
         if self.shape.is_moe:

@@ -338,13 +338,17 @@ def parameter_count_mismatches(measured: ParameterCounts, shape: ModelShape) -> 
 
 def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_parallel_size: int | None = None,
                             checkpoint_activations: bool = False, checkpoint_method: str | None = None,
-                            checkpoint_num_layers: int = 1, flops: int | None = None) -> list[str]:
+                            checkpoint_num_layers: int = 1, flops: int | None = None,
+                            sequence_parallel_size: int = 1) -> list[str]:
     """The startup report, the same from the trainer (measured) and tools/param_count.py
     (analytic). The first two lines keep Megatron-DeepSpeed's wording (scripts grep them).
     `flops`: the FLOPs per sample for these recompute settings where the caller has them (the
-    trainer's cache, args.flops_per_sample); computed here otherwise."""
-    tp, pp = shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size
+    trainer's cache, args.flops_per_sample); computed here otherwise. `sequence_parallel_size`:
+    DeepSpeed-Ulysses' SP ranks per replica, which share each sample's FLOPs evenly (s/SP tokens
+    each, and heads/SP of the attention core over all s)."""
+    tp, pp, sp = shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size, sequence_parallel_size
     dp = f" DP={data_parallel_size}" if data_parallel_size else ""
+    dp += f" SP={sp}" if sp > 1 else ""
     lines = [
         f"estimated model parameters: {counts.total / 1e9}",
         f"estimated model parameters without embeddings: {counts.no_embedding / 1e9}",
@@ -366,6 +370,8 @@ def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_par
     if flops is None:
         flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers)
     lines.append(f"FLOPs per sample (model, fwd+bwd{recompute}): {flops:,}")
+    if sp > 1:
+        lines.append(f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP={sp}): {flops // sp:,}")
     return lines
 
 

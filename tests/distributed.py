@@ -9,7 +9,7 @@ import torch
 from megatron.launch import free_port, preloaded_context
 
 
-def _worker(rank, world_size, port, tp, pp, fn, args, queue, env):
+def _worker(rank, world_size, port, tp, pp, sp, fn, args, queue, env):
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -23,7 +23,7 @@ def _worker(rank, world_size, port, tp, pp, fn, args, queue, env):
         torch.set_num_threads(1)
         disable_deepspeed_shm_comm()
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
-        mpu.initialize_model_parallel(tp, pp)
+        mpu.initialize_model_parallel(tp, pp, sp)
         mpu.model_parallel_seed(1234)  # as initialize_megatron does
         buf = io.BytesIO()  # tensors as plain bytes: shared-memory handles die with the worker
         torch.save(fn(*args), buf)
@@ -32,15 +32,15 @@ def _worker(rank, world_size, port, tp, pp, fn, args, queue, env):
         queue.put((rank, None, traceback.format_exc()))
 
 
-def run_distributed(world_size, fn, *args, tp=1, pp=1, timeout=300):
-    """fn(*args) runs on every rank; returns [result of rank 0, rank 1, ...]. The workers are
-    forked from a server that has imported torch, DeepSpeed and the trainer once
-    (megatron.launch.preloaded_context), not fresh interpreters that import them (~6 s of CPU each),
-    and see this process's environment as it is now, as spawned ones would."""
+def run_distributed(world_size, fn, *args, tp=1, pp=1, sp=1, timeout=300):
+    """fn(*args) runs on every rank (sp: DeepSpeed-Ulysses' sequence-parallel size); returns
+    [result of rank 0, rank 1, ...]. The workers are forked from a server that has imported torch,
+    DeepSpeed and the trainer once (megatron.launch.preloaded_context), not fresh interpreters that
+    import them (~6 s of CPU each), and see this process's environment as it is now, as spawned ones would."""
     ctx = preloaded_context()
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, tp, pp, fn, args, queue, dict(os.environ)))
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, tp, pp, sp, fn, args, queue, dict(os.environ)))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -11,11 +11,17 @@ S = 32
 
 def first_iteration(flags):
     """Build the trainer's engine as pretrain() does, run one iteration, measure."""
+    return first_iteration_and_loss(flags)[0]
+
+
+def first_iteration_and_loss(flags):
+    """first_iteration's rows and the iteration's loss. The batches depend on the DP rank only: the
+    SP ranks of a replica (DeepSpeed-Ulysses) read the same samples."""
     import torch
     import torch.distributed as dist
 
     import pretrain_gpt
-    from megatron import initialize
+    from megatron import initialize, mpu
     from megatron.arguments import parse_args, validate_args
     from megatron.global_vars import set_args
     from megatron.training import Trainer
@@ -26,12 +32,12 @@ def first_iteration(flags):
     set_args(args)
     initialize._build_tokenizer(args)
     trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
-    g = torch.Generator().manual_seed(args.rank)
+    g = torch.Generator().manual_seed(mpu.get_data_parallel_rank())
     batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
                     for _ in range(16)])
-    trainer.steps.train_batch(batches)
+    loss = trainer.steps.train_batch(batches)
     return [(rank, stage, tp, dp, predicted._asdict(), measured)
-            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()]
+            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()], float(loss)
 
 
 def check_exact(rows):

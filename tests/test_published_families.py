@@ -15,8 +15,8 @@ published flag names, less the ones `DROPPED` names with the reason. Families:
 * MoE-64 125M (Microsoft): 2 experts on EP=2 (DP=2), the token-based schedule and length;
 * 1.3B rope (Microsoft): --rotary-percent 0.25, ZeRO-1, TP=2, token schedule;
 * 1.3B megatron checkpointing (Microsoft, no --deepspeed): --recompute-granularity/method/num-layers, TP=2;
-* Ulysses 1.3B 32k (Microsoft): --ds-sequence-parallel-size 1 (the script's 4 is refused: one line,
-  tests/test_published_scripts.py), ZeRO-1 on DP=2, token schedule.
+* Ulysses 1.3B 32k (Microsoft): DeepSpeed-Ulysses at --ds-sequence-parallel-size 2 (the script's 4
+  on its 4 ranks shrunk to 2) with ZeRO-1 (partitioned over the two SP ranks), token schedule.
 
 No published script passes --activations-checkpoint-method; its spellings are run in
 tests/test_activation_checkpointing.py.
@@ -220,7 +220,7 @@ def recompute(tmp, data):
 
 def ulysses(tmp, data):
     argv, small = microsoft_rebase(tmp, data, "microsoft_ulysses_1.3B_32k.txt", "ulysses", 1, {
-        "--ds-sequence-parallel-size": 1, "--seq-length": 64, "--max-position-embeddings": 64,
+        "--ds-sequence-parallel-size": 2, "--seq-length": 64, "--max-position-embeddings": 64,
         "--deepspeed_config": ds_config(tmp, "ulysses", zero_stage=1)})
     h = 32
     # 2 samples x 64 tokens = 128 tokens an iteration: 3 iterations
@@ -309,5 +309,7 @@ def test_family_specifics(families):
     assert "experts per EP rank (EP=2): 1 experts, 8,352 expert parameters" in families["moe"][1]["stdout"]
     assert "curriculum_learning is disabled" in families["moe"][1]["stdout"]
     assert "FLOPs per sample (model, fwd+bwd, recompute): " in families["recompute"][1]["stdout"]
-    assert "--ds-sequence-parallel-size" in next(ln for ln in families["ulysses"][1]["stdout"].splitlines()
-                                                 if ln.startswith("accepted, no effect: "))
+    ulysses_out = families["ulysses"][1]["stdout"]
+    assert "--ds-sequence-parallel-size" not in "".join(ln for ln in ulysses_out.splitlines()
+                                                        if ln.startswith("accepted, no effect: "))
+    assert "DP=1 x SP=2" in ulysses_out  # the memory table: one replica of two SP ranks

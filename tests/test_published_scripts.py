@@ -58,10 +58,26 @@ def test_param_count_of_the_13b_script():
 
 # --- one line before any heavy work ------------------------------------------------------------
 
-def test_ulysses_sequence_parallelism_is_one_line(entry_point):
-    line = check_one_line(entry_point, flags({"--ds-sequence-parallel-size": 4}), 1, "--ds-sequence-parallel-size")
-    assert line == ("pretrain_gpt.py: error: --ds-sequence-parallel-size 4: DeepSpeed-Ulysses sequence parallelism "
-                    "is not supported; use 1 (or drop the flag)")
+ULYSSES_REFUSALS = [  # (flag changes, world size, the line's fix)
+    ({"--ds-sequence-parallel-size": 2}, 2, "add --no-pipeline-parallel"),
+    ({"--ds-sequence-parallel-size": 2, "--no-pipeline-parallel": None, "--tensor-model-parallel-size": 2}, 4,
+     "use --tensor/--pipeline-model-parallel-size 1"),
+    ({"--ds-sequence-parallel-size": 2, "--no-pipeline-parallel": None}, 3, "launch a multiple of 2 ranks"),
+    ({"--ds-sequence-parallel-size": 8, "--no-pipeline-parallel": None}, 8, "must divide --seq-length (32), "
+     "--num-attention-heads (4)"),
+    ({"--ds-sequence-parallel-size": 4, "--no-pipeline-parallel": None, "--num-key-value-heads": 2}, 4,
+     "the key/value heads (2)"),
+    ({"--ds-sequence-parallel-size": 2, "--no-pipeline-parallel": None, "--zero-stage": 3}, 2,
+     "runs with ZeRO stage 0, 1 or 2 (got 3)"),
+    ({"--ds-sequence-parallel-size": 2, "--no-pipeline-parallel": None, "--num-experts": 2}, 2,
+     "runs dense models only"),
+]
+
+
+@pytest.mark.parametrize("changes, world_size, fix", ULYSSES_REFUSALS)
+def test_ulysses_layouts_it_does_not_run_in_are_one_line(entry_point, changes, world_size, fix):
+    line = check_one_line(entry_point, flags(changes), world_size, "--ds-sequence-parallel-size")
+    assert fix in line, line
 
 
 def test_nccl_without_cuda_is_one_line(entry_point):
@@ -126,10 +142,11 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--eval-iters", "1", "--seed", "7"]
 NO_EFFECT = ["--use-flash-attn", "--codecarbon-dir", "codecarbon", "--no-query-key-layer-scaling",
              "--abort-on-unmet-fused-kernel-constraints", "--no-async-tensor-model-parallel-allreduce",
-             "--use-flash-attn-triton", "--use-flash-attn-v2", "--sequence-parallel", "--ds-sequence-parallel-size",
-             "1", "--no-masked-softmax-fusion", "--DDP-impl", "local"]
+             "--use-flash-attn-triton", "--use-flash-attn-v2", "--sequence-parallel",
+             "--no-masked-softmax-fusion", "--DDP-impl", "local"]
 # implemented flags passed with the same values, to show they are not in the line either
-IMPLEMENTED = ["--log-level", "info", "--log-level-replica", "error", "--valid-num-workers", "0"]
+IMPLEMENTED = ["--log-level", "info", "--log-level-replica", "error", "--valid-num-workers", "0",
+               "--ds-sequence-parallel-size", "1"]
 
 
 def _train(argv):
@@ -152,7 +169,7 @@ def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
     with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED + tensorboard, TINY)[0]
     line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, --no-query-key-layer-scaling, "
             "--abort-on-unmet-fused-kernel-constraints, --no-async-tensor-model-parallel-allreduce, "
-            "--use-flash-attn-triton, --use-flash-attn-v2, --ds-sequence-parallel-size, "
+            "--use-flash-attn-triton, --use-flash-attn-v2, "
             "--no-masked-softmax-fusion, --DDP-impl (README.md, 'Flags accepted with no effect', says why)")
     assert with_flags.splitlines().count(line) == 1
     assert "accepted, no effect" not in without

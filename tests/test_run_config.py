@@ -84,7 +84,7 @@ def test_configuration_is_frozen_after_initialization():
     # the position table defaults to the sequence; kv heads default to the heads
     assert out["derived"] == (640, 256, 16, 32, 4, 64)
     # TP, PP, DP, EP, world size, rank, pipeline engine; mbs, gbs, no ramp-up, seq, iters, samples, tokens
-    assert out["layout"] == (1, 1, 1, 1, 1, 0, True)
+    assert out["layout"] == (1, 1, 1, 1, 1, 0, True, 1)  # ..., the pipeline engine, SP 1
     assert out["batch"] == (2, 4, None, 32, 2, None, None) and out["gbs"] == 4
     assert out["sizes"] == out["groups"] == (1, 1, 1)
     assert out["reads_layout"] == (3, 1)  # the layout's value; vars(args) keeps the validated one

@@ -165,6 +165,9 @@ def test_sequence_parallel_flags(tmp_path):
     assert not args.sequence_parallel and no_effect_line(args) is None
     assert args.startup_notes == ["--sequence-parallel is off at --tensor-model-parallel-size 1: no TP ranks to "
                                   "shard the sequence over (as in Megatron-LM)"]
+    # DeepSpeed-Ulysses runs at TP 1 only, so Megatron's flag beside it is off the same way, not refused
+    args = validated(["--sequence-parallel", "--ds-sequence-parallel-size", 2, "--no-pipeline-parallel"], world_size=2)
+    assert (args.sequence_parallel, args.ds_sequence_parallel_size) == (False, 2)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -36,7 +36,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 arguments._add_regularization_args, arguments._add_moe_args):
         add(p)
     p.add_argument("--world-size", "--num-gpus", dest="world_size", type=int, default=None,
-                   help="ranks in the job (default TP x PP: DP = 1); sets the data-parallel size for the memory table")
+                   help="ranks in the job (default TP x PP x SP: DP = 1); sets the memory table's data-parallel size")
+    p.add_argument("--ds-sequence-parallel-size", type=int, default=1,
+                   help="DeepSpeed-Ulysses SP ranks per replica: the memory table's activations and ZeRO partitions")
     fork_features.add_args(p)
     args, rest = p.parse_known_args(argv)
     args.ignored_flags = _unknown_to_the_trainer(rest)
@@ -83,9 +85,10 @@ def _unknown_to_the_trainer(rest: list[str]) -> list[str]:
 
 def _training_setup(args: argparse.Namespace) -> TrainingSetup:
     """The memory table's layout, precision, ZeRO stage and batch, checked like the trainer does."""
-    mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.ds_sequence_parallel_size
     world = args.world_size or mp
-    arguments._require(world % mp == 0, f"--world-size {world} is not divisible by TP x PP = {mp}")
+    what = "TP x PP" if args.ds_sequence_parallel_size == 1 else "TP x PP x SP"
+    arguments._require(world % mp == 0, f"--world-size {world} is not divisible by {what} = {mp}")
     arguments._require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
     args.data_parallel_size = world // mp
     args.micro_batch_size = args.micro_batch_size or 1
@@ -118,7 +121,8 @@ def report(args: argparse.Namespace) -> list[str]:
            f"multiple of {shape.make_vocab_size_divisible_by} x TP {shape.tensor_model_parallel_size})"),
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
                                 checkpoint_method=args.activations_checkpoint_method,
-                                checkpoint_num_layers=args.checkpoint_num_layers, flops=flops)
+                                checkpoint_num_layers=args.checkpoint_num_layers, flops=flops,
+                                sequence_parallel_size=args.ds_sequence_parallel_size)
     if args.global_batch_size:
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
     return lines + format_memory_report(shape, args.memory_setup) + split_comparison_lines(shape, args.memory_setup)

@@ -94,7 +94,9 @@ def plan_reshard(source: Checkpoint, ours: CheckpointLayout, config: CheckpointC
     setup = source.saved_setup()
     _check_precision(setup["precision"], precision, where)
     with_optimizer = config.load_optimizer
-    dp = parallel.data_parallel_size
+    # DeepSpeed partitions ZeRO state over every rank holding the weights: DP x SP (Ulysses), the
+    # dp_world_size it saves
+    dp = parallel.data_parallel_size * parallel.sequence_parallel_size
     moved = []
     if setup["zero_stage"] != zero_stage and with_optimizer:
         moved.append(f"ZeRO stage {setup['zero_stage']} -> {zero_stage}")

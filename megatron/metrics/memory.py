@@ -26,6 +26,11 @@ through when DP > 1. They are listed as `transient`.
 
 Activations are an estimate (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", counted for our layers): the bytes autograd saves for backward.
+
+DeepSpeed-Ulysses (SP ranks per replica): the weights are replicated on the SP x DP ranks, and
+DeepSpeed partitions ZeRO state over all of them (its sequence-data-parallel group), so "dp rank"
+below is the rank in that group; activations are per token on s/SP tokens, except the attention
+core, which holds every position of heads/SP heads (see layer_activation_bytes).
 """
 from argparse import Namespace
 from collections.abc import Iterable, Sequence
@@ -69,6 +74,7 @@ class TrainingSetup:
     grad_accum_dtype: str | None = None  # ds_config data_types.grad_accum_dtype; None: the model dtype
     moe: bool = False                    # an MoE model: DeepSpeed reduces the gradients even at DP = 1
     sequence_parallel: bool = False      # --sequence-parallel at TP > 1 (validation turns it off at TP 1)
+    sequence_parallel_size: int = 1      # DeepSpeed-Ulysses SP ranks per replica (--ds-sequence-parallel-size)
 
     @classmethod
     def from_args(cls, args: Namespace, fused_adam: bool = False) -> "TrainingSetup":
@@ -91,11 +97,18 @@ class TrainingSetup:
                    overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
                    grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype")
                    or ("fp32" if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else None),
-                   moe=args.model_shape.is_moe, sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
+                   moe=args.model_shape.is_moe, sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+                   sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1))
 
     @property
     def model_bytes(self) -> int:
         return DTYPE_BYTES[self.precision]
+
+    @property
+    def weight_holders(self) -> int:
+        """The ranks that hold the same weights (DP x SP): DeepSpeed reduces gradients and
+        partitions ZeRO state over them."""
+        return self.data_parallel_size * self.sequence_parallel_size
 
     def optimizer_wrapper(self) -> str:
         """The optimizer DeepSpeed's engine builds around ours (see the module docstring)."""
@@ -179,7 +192,7 @@ def _state_bytes(setup: TrainingSetup, numel: int, per_tensor_step: bool = True)
 def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
                       dp_rank: int = 0) -> tuple[int, int, int, int]:
     """(weights, gradients, optimizer, transient) bytes of one rank holding `params`."""
-    b, dp = setup.model_bytes, setup.data_parallel_size
+    b, dp = setup.model_bytes, setup.weight_holders
     wrapper = setup.optimizer_wrapper()
     # fp32 without ZeRO: DeepSpeed's bucketed all-reduce runs unless megatron/training.py skips it
     # (a dense model at DP = 1); it gives a parameter without a gradient a zero one, and flattens
@@ -233,7 +246,7 @@ def _zero3_estimate(params: Sequence[HeldParameter], setup: TrainingSetup) -> tu
     """ZeRO 3 (an estimate, not checked against a run): every parameter padded to a multiple of
     DP and partitioned; small parameters (< 1e5 elements, stage3_param_persistence_threshold)
     also stay whole on every rank; gradients and fp32 optimizer state partitioned."""
-    b, dp = setup.model_bytes, setup.data_parallel_size
+    b, dp = setup.model_bytes, setup.weight_holders
     part = sum(ceil(p.numel / dp) for p in params)
     persistent = sum(p.numel for p in params if p.numel < 100_000)
     return ((part + persistent) * b, part * b,
@@ -259,27 +272,34 @@ def layer_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> i
     kernel) keeps a logsumexp instead of the s x s
     probabilities. The "math" implementation keeps the fp32 softmax, its copy in the activation
     dtype (or the dropout output) and a contiguous copy of the context; dropout keeps 1-byte masks
-    (CUDA's fused dropout; on CPU torch keeps a mask in the activation dtype instead)."""
-    s, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    (CUDA's fused dropout; on CPU torch keeps a mask in the activation dtype instead).
+    DeepSpeed-Ulysses: everything per token counts this rank's s/SP tokens; the attention core sees
+    all s positions of a/SP heads (the same logsumexp bytes, 1/SP of the s x s probabilities), and
+    keeps its own output, which the dense layer's input (the all-to-all's result) no longer views."""
+    ulysses = setup.sequence_parallel_size
+    s_all, h, f = shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    s = s_all // ulysses  # this rank's tokens
     t, a = shape.tensor_model_parallel_size, shape.num_attention_heads // shape.tensor_model_parallel_size
     act = setup.model_bytes
     sb = s * b
-    sp = sequence_shards(shape, setup)
+    shards = sequence_shards(shape, setup)  # Megatron sequence parallelism
     # LayerNorm inputs and outputs (per shard under SP), QKV + context, h->4h + GeLU; mean/rstd fp32
-    total = act * sb * (4 * h // sp + 4 * h // t + 2 * f // t) + 4 * 4 * sb // sp
+    total = act * sb * (4 * h // shards + 4 * h // t + 2 * f // t) + 4 * 4 * sb // shards
     if setup.attention_impl == "sdpa":
         total += 4 * b * a * s  # logsumexp; flash attention's dropout keeps an RNG state, no mask
     else:
         dropout = setup.attention_dropout > 0
-        total += b * a * s * s * (4 + (act if act != 4 or dropout else 0) + (1 if dropout else 0))
+        total += b * (a // ulysses) * s_all * s_all * (4 + (act if act != 4 or dropout else 0) + (1 if dropout else 0))
         total += act * sb * h // t  # the context's contiguous re-layout
+    if ulysses > 1:
+        total += act * sb * h // t  # the core's output, before the all-to-all back
     if setup.hidden_dropout > 0:
-        total += 2 * sb * h // sp  # bool masks of the two residual dropouts
+        total += 2 * sb * h // shards  # bool masks of the two residual dropouts
     return total
 
 
 def _embedding_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> int:
-    s, t = shape.seq_length, shape.tensor_model_parallel_size
+    s, t = shape.seq_length // setup.sequence_parallel_size, shape.tensor_model_parallel_size
     total = 8 * b * s + 8 * s  # token ids (TP>1: the local ids) and position ids for the lookups
     if t > 1:
         total += b * s  # the out-of-slice mask
@@ -289,13 +309,14 @@ def _embedding_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int)
 
 
 def _head_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> int:
-    """Final LayerNorm, logits and the vocab-parallel cross entropy (fp32 softmax)."""
-    s, h, t = shape.seq_length, shape.hidden_size, shape.tensor_model_parallel_size
+    """Final LayerNorm, logits and the vocab-parallel cross entropy (fp32 softmax). DeepSpeed-Ulysses:
+    this rank's s/SP tokens, but the loss mask is the whole sequences' (the loss is gathered)."""
+    s, h, t = shape.seq_length // setup.sequence_parallel_size, shape.hidden_size, shape.tensor_model_parallel_size
     sb = s * b
-    sp = sequence_shards(shape, setup)  # the logits' linear saves the norm's output shard
-    return ((2 * setup.model_bytes * sb * h + 2 * 4 * sb) // sp  # LayerNorm input and output, stats
+    shards = sequence_shards(shape, setup)  # the logits' linear saves the norm's output shard
+    return ((2 * setup.model_bytes * sb * h + 2 * 4 * sb) // shards  # LayerNorm input and output, stats
             + 4 * sb * shape.padded_vocab_size // t          # softmax
-            + sb * (1 + 8) + 4 * sb + 4)                      # outside mask, local ids; loss mask, count
+            + sb * (1 + 8) + 4 * shape.seq_length * b + 4)   # outside mask, local ids; loss mask, count
 
 
 def activation_bytes(shape: ModelShape, setup: TrainingSetup, stage: int) -> tuple[int, int, int]:
@@ -317,7 +338,9 @@ def activation_bytes(shape: ModelShape, setup: TrainingSetup, stage: int) -> tup
         per_micro_batch = layers * per_layer + embedding + head
         return in_flight * per_micro_batch, per_micro_batch, in_flight
     k = min(setup.checkpoint_num_layers, layers)
-    chunk_input = setup.model_bytes * shape.seq_length * b * shape.hidden_size // sequence_shards(shape, setup)
+    # a chunk's input: this rank's tokens (Ulysses: s/SP), sharded by Megatron sequence parallelism
+    chunk_input = (setup.model_bytes * (shape.seq_length // setup.sequence_parallel_size) * b * shape.hidden_size
+                   // sequence_shards(shape, setup))
     if setup.checkpoint_method == "block":
         per_micro_batch = k * chunk_input + (layers - k) * per_layer + embedding + head
         in_backward = k * chunk_input + embedding + (per_layer - chunk_input if k else 0)
@@ -335,7 +358,7 @@ def predict_memory(shape: ModelShape, setup: TrainingSetup) -> list[RankMemory]:
     for stage in range(shape.pipeline_model_parallel_size):
         params = held_parameters(shape, stage, setup.pipeline)
         peak, per_mb, in_flight = activation_bytes(shape, setup, stage)
-        for dp_rank in range(setup.data_parallel_size):
+        for dp_rank in range(setup.weight_holders):
             weights, grads, optimizer, transient = model_state_bytes(params, setup, dp_rank)
             ranks.append(RankMemory(stage, dp_rank, weights, grads, optimizer, peak, per_mb, in_flight, transient))
     return ranks
@@ -352,6 +375,12 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _sp_note(setup: TrainingSetup) -> str:
+    """DeepSpeed-Ulysses: the SP size, and that the dp rank column is the rank among DP x SP."""
+    sp = setup.sequence_parallel_size
+    return f" x SP={sp} (ZeRO over {setup.weight_holders} ranks)" if sp > 1 else ""
+
+
 def _checkpointing_note(setup: TrainingSetup) -> str:
     if not setup.checkpoint_activations:
         return ""
@@ -365,7 +394,7 @@ def format_memory_report(shape: ModelShape, setup: TrainingSetup,
     """One table, per stage its most loaded DP rank, bytes exact except activations."""
     ranks = ranks or predict_memory(shape, setup)
     lines = [f"memory per rank (predicted; {setup.precision}, ZeRO {setup.zero_stage}, "
-             f"{WRAPPER_NAMES[setup.optimizer_wrapper()]}, DP={setup.data_parallel_size}, micro batch "
+             f"{WRAPPER_NAMES[setup.optimizer_wrapper()]}, DP={setup.data_parallel_size}{_sp_note(setup)}, micro batch "
              f"{setup.micro_batch_size} x {setup.num_micro_batches}"
              f"{_checkpointing_note(setup)}{', sequence parallel' if setup.sequence_parallel else ''}):",
              "  stage | dp rank |         weights |       gradients |       optimizer |    activations* |"

@@ -186,7 +186,7 @@ def finish_memory_probe(probe: MemoryProbe, shape: ModelShape) -> list[tuple]:
     Returns [(rank, stage, tp rank, dp rank, predicted RankMemory, measured dict)] on every rank."""
     measured = probe.measure()
     me = [torch.distributed.get_rank(), mpu.get_pipeline_model_parallel_rank(),
-          mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()] + [measured[f] for f in FIELDS]
+          mpu.get_tensor_model_parallel_rank(), mpu.get_sequence_data_parallel_rank()] + [measured[f] for f in FIELDS]
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     rows = [torch.zeros(len(me), dtype=torch.int64, device=device) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(rows, torch.tensor(me, dtype=torch.int64, device=device))

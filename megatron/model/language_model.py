@@ -44,7 +44,10 @@ class Embedding(nn.Module):
         if self.embedding_layernorm is not None:
             embeddings = self.embedding_layernorm(embeddings)
         if self.position_embeddings is not None:
-            embeddings = embeddings + self.position_embeddings(torch.arange(input_ids.size(1), device=input_ids.device))
+            # DeepSpeed-Ulysses: input_ids are this SP rank's chunk; positions stay the sequence's
+            first = mpu.get_sequence_parallel_rank() * input_ids.size(1)
+            positions = torch.arange(first, first + input_ids.size(1), device=input_ids.device)
+            embeddings = embeddings + self.position_embeddings(positions)
         embeddings = embeddings.transpose(0, 1).contiguous()
         if not self.sequence_parallel:
             return self.embedding_dropout(embeddings)
@@ -80,7 +83,10 @@ def parallel_lm_logits(hidden_states: torch.Tensor, word_embeddings_weight: torc
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean token loss over the unmasked tokens. logits [s, b, V/tp]; labels, loss_mask [b, s]."""
-    losses = mpu.vocab_parallel_cross_entropy(logits, labels.t())  # [s, b]
-    loss_mask = loss_mask.t().float()
+    """Mean token loss over the unmasked tokens. logits [s, b, V/tp]; labels, loss_mask [b, s].
+    Under DeepSpeed-Ulysses s is this rank's chunk: the token losses and the mask are gathered over
+    the SP ranks first, so every SP rank has the mean over the whole sequences (the fork's
+    vocab-sequence-parallel loss) and backpropagates only its own tokens' share."""
+    losses = mpu.gather_sequence(mpu.vocab_parallel_cross_entropy(logits, labels.t()))  # [s, b]
+    loss_mask = mpu.gather_sequence(loss_mask.t().float())
     return (losses * loss_mask).sum() / loss_mask.sum()

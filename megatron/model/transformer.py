@@ -64,12 +64,18 @@ class ParallelAttention(nn.Module):
                                                         sequence_parallel=config.sequence_parallel)
         self.dense = mpu.RowParallelLinear(a * d, h, config.output_init_method(), bias=shape.add_bias_linear,
                                            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel)
+        # DeepSpeed-Ulysses: the attention core sees every position of heads/SP of this rank's heads
+        sp = mpu.get_sequence_parallel_world_size()
+        core_heads = divide(self.num_heads, sp)
         if self.position_embedding_type == "alibi":
-            # the slopes of this rank's own heads
-            rank = mpu.get_tensor_model_parallel_rank()
-            slopes = alibi_slopes(a)[rank * self.num_heads:(rank + 1) * self.num_heads]
+            # the slopes of the heads this rank's attention core computes
+            first = (mpu.get_tensor_model_parallel_rank() * self.num_heads
+                     + mpu.get_sequence_parallel_rank() * core_heads)
+            slopes = alibi_slopes(a)[first:first + core_heads]
             self.register_buffer("alibi_slopes", torch.tensor(slopes, dtype=torch.float32), persistent=False)
         self._cache = {}  # (kind, s, device, dtype) -> causal mask / ALiBi bias / rotary tables
+        # DeepSpeed's DistributedAttention around the core (None without SP); not a submodule: no state
+        self._sequence_parallel_attention = mpu.sequence_parallel_attention(self._core_attention)
 
     def _cached(self, kind, s, ref, build):
         key = (kind, s, ref.device, ref.dtype)
@@ -104,10 +110,23 @@ class ParallelAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         mixed = self.query_key_value(hidden_states)                      # [s, b, ng*(a/g+2)*hn]
-        s, b = mixed.shape[:2]  # the whole sequence also under sequence parallelism (gathered)
+        # Megatron sequence parallelism: the whole sequence (gathered); DeepSpeed-Ulysses: this
+        # rank's chunk of it (s/SP tokens)
+        s, b = mixed.shape[:2]
         mixed = mixed.view(s, b, self.num_kv_heads, self.group_size + 2, self.head_dim)
         q = mixed[:, :, :, :self.group_size].reshape(s, b, self.num_heads, self.head_dim)
         k, v = mixed[:, :, :, self.group_size], mixed[:, :, :, self.group_size + 1]  # [s, b, ng, hn]
+        if self._sequence_parallel_attention is None:
+            context = self._core_attention(q, k, v)                      # [s, b, np, hn]
+        else:  # all-to-all to [S, b, np/SP, hn] (S: the whole sequence), the core, and back
+            context = self._sequence_parallel_attention(q, k, v)
+        return self.dense(context.reshape(s, b, self.num_heads * self.head_dim))  # [s, b, h]
+
+    def _core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [s, b, heads, hn], k, v [s, b, kv heads, hn] of the whole sequence -> [s, b, heads, hn].
+        Positions (rotary, ALiBi, the causal mask) are those of the whole sequence, also under
+        DeepSpeed-Ulysses, where this runs between DistributedAttention's all-to-alls."""
+        s = q.size(0)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))                # [b, heads, s, hn]
         if self.position_embedding_type == "rotary":
             cos, sin = self._cached("rotary", s, q,
@@ -120,8 +139,7 @@ class ParallelAttention(nn.Module):
                 context = self._sdpa_attention(q, k, v, dropout_p)
             else:
                 context = self._math_attention(q, k, v, dropout_p)
-        context = context.permute(2, 0, 1, 3).reshape(s, b, self.num_heads * self.head_dim)
-        return self.dense(context)                      # [s, b, h] (sequence parallel: [s/tp, b, h])
+        return context.permute(2, 0, 1, 3)                                 # [s, b, heads, hn]
 
 
 class ParallelTransformerLayer(nn.Module):

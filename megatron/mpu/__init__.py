@@ -17,3 +17,4 @@ from .mappings import (  # noqa: F401
 from .parallel_state import *  # noqa: F401,F403
 from .random import checkpoint, get_cuda_rng_tracker, model_parallel_seed  # noqa: F401
 from .sequence_parallel import install_sequence_parallel_grad_allreduce  # noqa: F401
+from .ulysses import gather_sequence, sequence_chunk, sequence_parallel_attention  # noqa: F401

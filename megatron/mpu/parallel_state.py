@@ -1,14 +1,18 @@
-"""Tensor / pipeline / data parallel groups.
+"""Tensor / pipeline / data (/ sequence) parallel groups.
 
 DeepSpeed's `PipeModelDataParallelTopology` is the single source of truth for which rank sits
 where (axes pipe, data, model; model varies fastest), so the groups built here are exactly the
-ones DeepSpeed's pipeline grid builds from the same topology object.
-"""
+ones DeepSpeed's pipeline grid builds from the same topology object. DeepSpeed-Ulysses
+(sequence_parallel_size > 1, TP = PP = 1 by validation) adds a `sequence` axis between data and
+model (DeepSpeed's general ProcessTopology): the SP ranks of one replica are consecutive, as in
+Microsoft's fork. DeepSpeed's engine asks this module for the sequence-parallel group (the
+all-to-all of DistributedAttention) and the sequence-data-parallel group (SP x DP: the gradient
+reduction and the ZeRO partition)."""
 from typing import Any
 
 import torch.distributed as dist
 
-from megatron.deepspeed_internals import pipe_model_data_parallel_topology
+from megatron.deepspeed_internals import pipe_model_data_parallel_topology, process_topology
 
 __all__ = [
     "initialize_model_parallel",
@@ -26,6 +30,12 @@ __all__ = [
     "get_model_parallel_group",
     "get_model_parallel_world_size",
     "get_model_parallel_rank",
+    "get_sequence_parallel_group",
+    "get_sequence_parallel_world_size",
+    "get_sequence_parallel_rank",
+    "get_sequence_data_parallel_group",
+    "get_sequence_data_parallel_world_size",
+    "get_sequence_data_parallel_rank",
 ]
 
 _TOPOLOGY: Any = None  # DeepSpeed's PipeModelDataParallelTopology (see deepspeed_internals)
@@ -33,17 +43,24 @@ _TP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other slices of 
 _PP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other stages of the same TP slice
 _DP_GROUP: dist.ProcessGroup | None = None  # replicas of the same (stage, slice)
 _MP_GROUP: dist.ProcessGroup | None = None  # TP x PP: one whole model replica
+_SP_GROUP: dist.ProcessGroup | None = None  # ranks holding the other chunks of the same sequences
+_SDP_GROUP: dist.ProcessGroup | None = None  # SP x DP: the ranks that hold the same weights
 _TP_RANKS: list[int] | None = None
 
 
-def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1) -> None:
+def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
+                              sequence_parallel_size: int = 1) -> None:
     """Create every group on every rank, in the same order (new_group is collective)."""
-    global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _TP_RANKS
+    global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _SP_GROUP, _SDP_GROUP, _TP_RANKS
     world_size = dist.get_world_size()
     rank = dist.get_rank()
-    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
-    assert world_size % (tp * pp) == 0, "validated in arguments.py"
-    topo = pipe_model_data_parallel_topology(num_pp=pp, num_mp=tp, num_dp=world_size // (tp * pp))
+    tp, pp, sp = tensor_model_parallel_size, pipeline_model_parallel_size, sequence_parallel_size
+    assert world_size % (tp * pp * sp) == 0, "validated in arguments.py"
+    dp = world_size // (tp * pp * sp)
+    if sp == 1:
+        topo = pipe_model_data_parallel_topology(num_pp=pp, num_mp=tp, num_dp=dp)
+    else:
+        topo = process_topology(["pipe", "data", "sequence", "model"], [pp, dp, sp, tp])
 
     def _mine(lists):
         found = None
@@ -56,7 +73,13 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     _TP_GROUP, _TP_RANKS = _mine(topo.get_axis_comm_lists("model"))
     _PP_GROUP, _ = _mine(topo.get_axis_comm_lists("pipe"))
     _DP_GROUP, _ = _mine(topo.get_axis_comm_lists("data"))
-    _MP_GROUP, _ = _mine([topo.filter_match(data=d) for d in range(topo.get_dim("data"))])
+    if sp == 1:
+        _MP_GROUP, _ = _mine([topo.filter_match(data=d) for d in range(dp)])
+        _SP_GROUP, _SDP_GROUP = None, _DP_GROUP  # no all-to-all without SP; the weights' holders are DP
+    else:
+        _MP_GROUP, _ = _mine([topo.filter_match(data=d, sequence=q) for d in range(dp) for q in range(sp)])
+        _SP_GROUP, _ = _mine(topo.get_axis_comm_lists("sequence"))
+        _SDP_GROUP, _ = _mine([topo.filter_match(pipe=p, model=m) for p in range(pp) for m in range(tp)])
     _TOPOLOGY = topo
 
 
@@ -124,3 +147,31 @@ def get_model_parallel_world_size() -> int:
 
 def get_model_parallel_rank() -> int:
     return dist.get_rank(group=_MP_GROUP)
+
+
+# --- DeepSpeed-Ulysses sequence parallel (DeepSpeed's engine and DistributedAttention read these) --
+def get_sequence_parallel_group() -> dist.ProcessGroup | None:
+    return _SP_GROUP
+
+
+def get_sequence_parallel_world_size() -> int:
+    return _TOPOLOGY.get_dim("sequence") if "sequence" in _TOPOLOGY.get_axis_names() else 1
+
+
+def get_sequence_parallel_rank() -> int:
+    return _coord().sequence if get_sequence_parallel_world_size() > 1 else 0
+
+
+def get_sequence_data_parallel_group() -> dist.ProcessGroup | None:
+    """The ranks that hold the same weights: DeepSpeed sums gradients over them (and divides by
+    the DP size only: each SP rank's loss is its own tokens' share of the sequence's mean) and
+    partitions the ZeRO state over them."""
+    return _SDP_GROUP
+
+
+def get_sequence_data_parallel_world_size() -> int:
+    return get_sequence_parallel_world_size() * get_data_parallel_world_size()
+
+
+def get_sequence_data_parallel_rank() -> int:
+    return dist.get_rank(group=_SDP_GROUP)
