@@ -143,3 +143,53 @@ def test_sp2_zero1_memory_and_loss_against_one_rank():
         saved = one_measured["activations"] - measured["activations"]
         assert saved == one_predicted["activations"] - predicted["activations"]
         assert saved > one_measured["activations"] * 0.45  # nearly half: the logits dominate
+
+
+def _dropout_masks():
+    """This SP rank's embedding and first-layer residual dropout masks (hidden dropout 0.5)."""
+    import torch.nn.functional as F
+
+    from megatron import mpu
+    from megatron.model.gpt_model import GPTModel
+    config = tiny_config(hidden_dropout=0.5)
+    model = GPTModel(config, seed=SEED)
+    tokens = mpu.sequence_chunk(tiny_batch(config)[0], 1)
+    embedding = model.language_model.embedding(tokens) == 0
+    layer = model.language_model.encoder.layers[0]
+    with layer._dropout_rng():
+        residual = F.dropout(torch.ones(tokens.size(1), tokens.size(0), config.shape.hidden_size), 0.5) == 0
+    return embedding, residual
+
+
+def test_sp_ranks_draw_their_own_dropout_masks():
+    """Each SP rank holds other tokens, so a mask repeated on every chunk would be a correlated
+    dropout no one-rank run has: the ranks' masks differ (and each drops about half)."""
+    (emb0, res0), (emb1, res1) = run_distributed(2, _dropout_masks, sp=2)
+    for first, second in ((emb0, emb1), (res0, res1)):
+        assert first.shape == second.shape and not torch.equal(first, second)
+        assert 0.3 < first.float().mean() < 0.7
+
+
+def _masks_after_restoring_the_first_sp_ranks_file():
+    """A checkpoint's RNG state as DeepSpeed writes it: from the first SP rank only. Restored on
+    every SP rank, each must draw the masks it drew after the save, not the first rank's."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from megatron import mpu
+    from megatron.checkpoint.manager import _rng_state, set_rng_state
+
+    def draw():
+        with mpu.get_cuda_rng_tracker().fork():
+            return F.dropout(torch.ones(64), 0.5) == 0
+    saved = [_rng_state()]
+    after_save = draw()
+    dist.broadcast_object_list(saved, src=0)  # the file: SP rank 0's client state
+    set_rng_state(saved[0])
+    return after_save, draw()
+
+
+def test_a_resumed_sp_rank_draws_its_own_masks():
+    (first0, again0), (first1, again1) = run_distributed(2, _masks_after_restoring_the_first_sp_ranks_file, sp=2)
+    assert torch.equal(first0, again0) and torch.equal(first1, again1)
+    assert not torch.equal(first0, first1)

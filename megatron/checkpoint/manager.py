@@ -38,21 +38,33 @@ from megatron.training_state import TrainingProgress, saved_progress
 
 
 def _rng_state() -> dict:
+    """Collective under DeepSpeed-Ulysses: DeepSpeed writes one file per TP x PP rank, from the
+    first SP rank, so the file carries every SP rank's model-parallel RNG (their dropout masks)."""
+    tracker = mpu.get_cuda_rng_tracker().get_states()
     state = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "tracker": mpu.get_cuda_rng_tracker().get_states()}
+             "tracker": tracker}
+    if mpu.get_sequence_parallel_world_size() > 1:
+        per_rank: list = [None] * mpu.get_sequence_parallel_world_size()
+        torch.distributed.all_gather_object(per_rank, tracker, group=mpu.get_sequence_parallel_group())
+        state["tracker_per_sp_rank"] = per_rank
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    """Puts back the RNG states load() returned (the caller does it once setup has drawn all it draws)."""
+    """Puts back the RNG states load() returned (the caller does it once setup has drawn all it draws).
+    Under DeepSpeed-Ulysses each SP rank takes its own model-parallel RNG; saved at another SP size,
+    the SP ranks keep the ones --seed gave them (one saved state on every rank would repeat masks)."""
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if torch.cuda.is_available() and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"])
-    mpu.get_cuda_rng_tracker().set_states(state["tracker"])
+    sp = mpu.get_sequence_parallel_world_size()
+    per_rank = state.get("tracker_per_sp_rank") or [state["tracker"]]
+    if len(per_rank) == sp:
+        mpu.get_cuda_rng_tracker().set_states(per_rank[mpu.get_sequence_parallel_rank()])
 
 
 class CheckpointManager:

@@ -49,10 +49,11 @@ class Embedding(nn.Module):
             positions = torch.arange(first, first + input_ids.size(1), device=input_ids.device)
             embeddings = embeddings + self.position_embeddings(positions)
         embeddings = embeddings.transpose(0, 1).contiguous()
-        if not self.sequence_parallel:
+        if self.sequence_parallel:  # Megatron's: this rank's sequence shard [s/tp, b, h]
+            embeddings = mpu.scatter_to_sequence_parallel_region(embeddings)
+        elif mpu.get_sequence_parallel_world_size() == 1:
             return self.embedding_dropout(embeddings)
-        # this rank's sequence shard [s/tp, b, h]; its dropout mask is its own (model-parallel RNG)
-        embeddings = mpu.scatter_to_sequence_parallel_region(embeddings)
+        # a shard (or a Ulysses chunk) of the sequence: its dropout mask is its own (model-parallel RNG)
         with mpu.get_cuda_rng_tracker().fork():
             return self.embedding_dropout(embeddings)
 

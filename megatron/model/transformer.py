@@ -148,7 +148,8 @@ class ParallelTransformerLayer(nn.Module):
         self.layer_number = layer_number
         self.total_layers = config.shape.num_layers  # the model's, whichever stage holds this layer
         self.hidden_dropout = config.hidden_dropout
-        self.sequence_parallel = config.sequence_parallel
+        # hidden states hold this rank's part of the sequence (Megatron's shards, Ulysses' chunks)
+        self.sequence_sharded = config.sequence_parallel or mpu.get_sequence_parallel_world_size() > 1
         self.input_layernorm = build_norm(config)
         self.self_attention = ParallelAttention(config)
         self.post_attention_layernorm = build_norm(config)
@@ -166,8 +167,8 @@ class ParallelTransformerLayer(nn.Module):
 
     def _dropout_rng(self) -> contextlib.AbstractContextManager:
         # replicated hidden states: the default RNG, identical masks on every TP rank; sequence
-        # shards: each rank's own masks, from the model-parallel RNG (as attention's dropout)
-        return mpu.get_cuda_rng_tracker().fork() if self.sequence_parallel else contextlib.nullcontext()
+        # shards / chunks: each rank's own masks, from the model-parallel RNG (as attention's dropout)
+        return mpu.get_cuda_rng_tracker().fork() if self.sequence_sharded else contextlib.nullcontext()
 
 
 Layer = Callable[[torch.Tensor], torch.Tensor]

@@ -13,7 +13,12 @@ from typing import Any
 
 import torch
 
-from .parallel_state import get_pipeline_model_parallel_rank, get_tensor_model_parallel_rank
+from .parallel_state import (
+    get_pipeline_model_parallel_rank,
+    get_sequence_parallel_rank,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 
 _MODEL_PARALLEL_RNG = "model-parallel-rng"
 _DS_CHECKPOINTING = False  # set by configure_deepspeed_checkpointing()
@@ -79,9 +84,12 @@ def get_cuda_rng_tracker() -> Any:
 
 def model_parallel_seed(seed: int) -> None:
     """Seed the default generator (same on all TP ranks, offset by stage) and the
-    model-parallel generator (different per TP rank), as Megatron does."""
+    model-parallel generator (different per TP rank, as Megatron does, and per DeepSpeed-Ulysses
+    SP rank: each holds other tokens and heads, so its dropout masks must be its own; at SP 1 the
+    seeds are Megatron's)."""
     seed = seed + 100 * get_pipeline_model_parallel_rank()
-    tp_seed = seed + 2718 + get_tensor_model_parallel_rank()
+    tp_seed = (seed + 2718 + get_tensor_model_parallel_rank()
+               + get_tensor_model_parallel_world_size() * get_sequence_parallel_rank())
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed(seed)
