@@ -417,7 +417,12 @@ class Trainer:
     def measure_memory(self) -> list | None:
         """Once, after the first iteration: every rank measures what it holds, the last rank prints
         it next to the prediction (megatron/metrics/memory_measure.py). Later calls return the same."""
-        return self.metrics.measure_memory()
+        first = self.metrics.memory_probe is not None
+        measured = self.metrics.measure_memory()
+        if first and measured is not None and self.seqlen < self.batch.seq_length:
+            print_rank_0(f"note: the measured activations are of a {self.seqlen}-token iteration (the curriculum's "
+                         f"first); the prediction is for --seq-length {self.batch.seq_length}")
+        return measured
 
     # --- evaluate ------------------------------------------------------------------------------
 

@@ -215,6 +215,9 @@ def test_warm_up_launch_counts_the_trained_tokens_and_resumes_exactly(tmp_path):
                          str(tmp_path / "whole"))
     assert ("sequence-length curriculum (ds_config curriculum_learning), fixed_linear: 8 -> 32 tokens over 6 "
             "iterations in steps of 8; training samples cut to it, evaluation at --seq-length 32") in proc.stdout
+    # the first iteration's measured memory is of the curriculum's first length, and says so
+    assert proc.stdout.count(f"note: the measured activations are of a {LAUNCH_SEQLENS[0]}-token iteration (the "
+                             f"curriculum's first); the prediction is for --seq-length 32") == 1
     logged = logged_iterations(proc.stdout)
     assert [int(logged[i]["curriculum seqlen"]) for i in range(1, ITERS + 1)] == LAUNCH_SEQLENS
     tokens = [GBS * sum(LAUNCH_SEQLENS[:i]) for i in range(1, ITERS + 1)]
