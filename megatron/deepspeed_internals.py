@@ -64,6 +64,13 @@ def pipe_model_data_parallel_topology(num_pp: int, num_mp: int, num_dp: int) -> 
     return PipeModelDataParallelTopology(num_pp=num_pp, num_mp=num_mp, num_dp=num_dp)
 
 
+def distributed_attention(core: Any, group: Any, scatter_idx: int, gather_idx: int) -> Any:
+    """DeepSpeed-Ulysses' DistributedAttention (the all-to-alls around an attention core). DeepSpeed's
+    tutorial imports it from deepspeed.sequence.layer; the package does not re-export it."""
+    from deepspeed.sequence.layer import DistributedAttention
+    return DistributedAttention(core, group, scatter_idx=scatter_idx, gather_idx=gather_idx)
+
+
 def process_topology(axes: list[str], dims: list[int]) -> Any:
     """DeepSpeed's general rank grid (the last axis varies fastest), for layouts with a sequence axis."""
     from deepspeed.runtime.pipe.topology import ProcessTopology
