@@ -15,8 +15,10 @@ def first_iteration(flags):
 
 
 def first_iteration_and_loss(flags):
-    """first_iteration's rows and the iteration's loss. The batches depend on the DP rank only: the
-    SP ranks of a replica (DeepSpeed-Ulysses) read the same samples."""
+    """first_iteration's rows, the losses of the first two iterations and the first step's
+    gradient norm as DeepSpeed's engine computed it (the second loss and the norm carry the
+    first step's gradient reduction). The batches depend on the DP rank only: the SP ranks of a
+    replica (DeepSpeed-Ulysses) and the TP ranks read the same samples."""
     import torch
     import torch.distributed as dist
 
@@ -36,8 +38,10 @@ def first_iteration_and_loss(flags):
     batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
                     for _ in range(16)])
     loss = trainer.steps.train_batch(batches)
-    return [(rank, stage, tp, dp, predicted._asdict(), measured)
-            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()], float(loss)
+    grad_norm = trainer.engine.get_global_grad_norm()
+    rows = [(rank, stage, tp, dp, predicted._asdict(), measured)
+            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()]
+    return rows, [float(loss), float(trainer.steps.train_batch(batches))], float(grad_norm)
 
 
 def check_exact(rows):
