@@ -210,3 +210,40 @@ def test_param_count_tool_takes_the_flag():
     with pytest.raises(ConfigError, match="--seq-length 34 is not divisible by --tensor-model-parallel-size 4"):
         tool.parse_args([str(f) for f in [*RUN, "--tensor-model-parallel-size", 4, "--sequence-parallel",
                                           "--seq-length", 34, "--max-position-embeddings", 40]])
+
+
+# --- bf16 and ZeRO 3, in process ----------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [["--zero-stage", "1", "--bf16"], ["--zero-stage", "3"]], ids=["bf16", "zero3"])
+def test_tp2_sequence_parallel_first_steps_as_one_rank(flags):
+    """TP=2 with --sequence-parallel on the trainer's engine (tests/memory_runs.py: 2 layers, hidden
+    64, seq 32, micro batch 2), bf16 with ZeRO 1 and fp32 with ZeRO 3, against one rank at the same
+    precision and stage: the first two losses and the first step's gradient norm (DeepSpeed's)
+    are the one-rank run's; bf16: the memory table is exact where it claims to be."""
+    from memory_runs import check_exact, first_iteration_and_loss
+    bf16 = "--bf16" in flags
+    # fp32: only the order of the sums differs; bf16: TP splits its matmuls' sums, each rounded to 8 bits
+    tol = torch.finfo(torch.bfloat16).eps if bf16 else 1e-5
+    common = ["--global-batch-size", "2", "--no-pipeline-parallel", "--make-vocab-size-divisible-by", "64"] + flags
+    [(one, one_losses, one_norm)] = run_distributed(1, first_iteration_and_loss, common)
+    ranks = run_distributed(2, first_iteration_and_loss, common + TP2, tp=2)
+    for _, losses, norm in ranks:
+        assert losses == pytest.approx(one_losses, rel=tol)
+        assert norm == pytest.approx(one_norm, rel=tol)
+    if not bf16:
+        return  # ZeRO 3's memory rows are an estimate (README, "Memory")
+    rows = ranks[0][0]
+    check_exact(rows)
+    [(*_, one_predicted, one_measured)] = one
+    # by hand, a TP rank's parameters: vocab 640/2 x 64 + positions 32 x 64 + 2 layers of (2 norms
+    # 2 x 64, QKV 64 x 192/2 + 96, dense 64 x 64/2 + 64, h->4h 64 x 256/2 + 128, 4h->h 256 x 64/2
+    # + 64) + the final norm 128; bf16 weights, fp32 master + Adam's two moments, two groups' steps
+    params = 320 * 64 + 32 * 64 + 2 * (2 * 128 + 6144 + 96 + 2048 + 64 + 8192 + 128 + 8192 + 64) + 128
+    assert params == 73_024
+    for *_, predicted, measured in rows:
+        assert (measured["weights"], measured["optimizer"]) == (2 * params, 12 * params + 2 * 4)
+        # torch's CPU LayerNorm keeps a bf16 input's mean and rstd in bf16, where the estimate counts
+        # CUDA's fp32: 4 bytes less a token for each of the 5 norms, on the 64 tokens one rank
+        # holds and the 32 of a sequence shard
+        assert one_measured["activations"] == one_predicted["activations"] - 5 * 64 * 4
+        assert measured["activations"] == predicted["activations"] - 5 * 32 * 4
