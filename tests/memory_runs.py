@@ -55,16 +55,3 @@ def check_exact(rows):
                 f"rank {rank} (stage {stage}, tp {tp}, dp {dp}) {field}: "
                 f"predicted {predicted[field]:,}, measured {measured[field]:,}")
 
-
-_ONE_RANK: dict = {}
-
-
-def one_rank_first_steps(flags):
-    """first_iteration_and_loss on one rank, once per test session for a given flag list: the
-    reference that the Ulysses and the Megatron sequence-parallel runs at the same precision and
-    ZeRO stage both compare with (a run that never takes a sequence-parallel path)."""
-    from distributed import run_distributed
-    key = tuple(flags)
-    if key not in _ONE_RANK:
-        [_ONE_RANK[key]] = run_distributed(1, first_iteration_and_loss, flags)
-    return _ONE_RANK[key]

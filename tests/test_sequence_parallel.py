@@ -220,12 +220,12 @@ def test_tp2_sequence_parallel_first_steps_as_one_rank(flags):
     64, seq 32, micro batch 2), bf16 with ZeRO 1 and fp32 with ZeRO 3, against one rank at the same
     precision and stage: the first two losses and the first step's gradient norm (DeepSpeed's)
     are the one-rank run's; bf16: the memory table is exact where it claims to be."""
-    from memory_runs import check_exact, first_iteration_and_loss, one_rank_first_steps
+    from memory_runs import check_exact, first_iteration_and_loss
     bf16 = "--bf16" in flags
     # fp32: only the order of the sums differs; bf16: TP splits its matmuls' sums, each rounded to 8 bits
     tol = torch.finfo(torch.bfloat16).eps if bf16 else 1e-5
     common = ["--global-batch-size", "2", "--no-pipeline-parallel", "--make-vocab-size-divisible-by", "64"] + flags
-    one, one_losses, one_norm = one_rank_first_steps(common)
+    [(one, one_losses, one_norm)] = run_distributed(1, first_iteration_and_loss, common)
     ranks = run_distributed(2, first_iteration_and_loss, common + TP2, tp=2)
     for _, losses, norm in ranks:
         assert losses == pytest.approx(one_losses, rel=tol)

@@ -8,7 +8,7 @@ import torch
 from checkpoint_copies import checkpoint_at
 from distributed import run_distributed
 from launcher import TINY, launch, losses
-from memory_runs import check_exact, first_iteration_and_loss, one_rank_first_steps
+from memory_runs import check_exact, first_iteration_and_loss
 from model_fixtures import SEED, tiny_batch, tiny_config
 from tool_modules import load_tool
 
@@ -121,10 +121,13 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
 
 
 @pytest.mark.parametrize("flags, dp", [(["--zero-stage", "1"], 1), (["--zero-stage", "2"], 2),
-                                       (["--zero-stage", "1", "--bf16"], 1)], ids=["zero1", "zero2_dp2", "zero1_bf16"])
+                                       (["--zero-stage", "1", "--bf16", "--accumulate-allreduce-grads-in-fp32"], 1)],
+                         ids=["zero1", "zero2_dp2", "bf16_optimizer"])
 def test_sp2_zero_memory_and_loss_against_one_rank(flags, dp):
     """ZeRO 1 and 2 (DeepSpeedZeroOptimizer over the SP x DP ranks; at stage 2 its gradient
-    buckets reduced during backward), fp32 and bf16, on memory_runs' TINY model, micro batch 2,
+    buckets reduced during backward) in fp32, and bf16 with fp32 gradient accumulation at ZeRO 1
+    (DeepSpeed's BF16_Optimizer, its own reduction; bf16 through DeepSpeedZeroOptimizer is
+    tests/test_sequence_parallel.py's TP=2 case), on memory_runs' TINY model, micro batch 2,
     SP=2 (x DP=2 at ZeRO 2, 4 ranks) against one rank at the same stage and precision reading the
     same samples: the first two iterations' losses (averaged over DP) and the first step's
     gradient norm are the one-rank run's (the SP ranks' gradient shares summed, the DP replicas'
@@ -134,10 +137,8 @@ def test_sp2_zero_memory_and_loss_against_one_rank(flags, dp):
     bf16 = "--bf16" in flags
     # fp32: only the order of the sums differs; bf16: a gradient element rounds to 8 bits either way
     tol = torch.finfo(torch.bfloat16).eps if bf16 else 1e-5
-    # vocab 600 pads to 640 at any divisor 64 or 128: the flag makes the one-rank reference the
-    # one tests/test_sequence_parallel.py's TP=2 runs (640 rows at TP 2 too) compare with
-    common = ["--global-batch-size", str(2 * dp), "--no-pipeline-parallel", "--make-vocab-size-divisible-by", "64"]
-    one, one_losses, one_norm = one_rank_first_steps(common + flags)
+    common = ["--global-batch-size", str(2 * dp), "--no-pipeline-parallel"]
+    [(one, one_losses, one_norm)] = run_distributed(1, first_iteration_and_loss, common + flags)
     ranks = run_distributed(2 * dp, first_iteration_and_loss, common + flags + ["--ds-sequence-parallel-size", "2"],
                             sp=2)
     rows = ranks[0][0]
@@ -156,6 +157,8 @@ def test_sp2_zero_memory_and_loss_against_one_rank(flags, dp):
     # partitioned over the SP x DP ranks
     for *_, predicted, measured in rows:
         assert measured["weights"] == (2 if bf16 else 4) * 143_104
+        if bf16:  # BF16_Optimizer: the bf16 .grad tensors and a whole flat fp32 accumulator
+            assert measured["gradients"] == (2 + 4) * 143_104
         assert measured["optimizer"] == 3 * 4 * 143_104 // (2 * dp) + 2 * 4
         assert one_measured["optimizer"] == 3 * 4 * 143_104 + 2 * 4
         saved = one_measured["activations"] - measured["activations"]
