@@ -125,8 +125,8 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
                          ids=["zero2_dp2", "bf16_optimizer"])
 def test_sp2_zero_memory_and_loss_against_one_rank(flags, dp):
     """ZeRO 2 in fp32 (DeepSpeedZeroOptimizer over the SP x DP ranks, its gradient buckets
-    reduced during backward; ZeRO 1's fp32 losses are the launch test's, its memory rows at the
-    first iteration ZeRO 2's), and bf16 with fp32 gradient accumulation at ZeRO 1 (DeepSpeed's
+    reduced during backward; fp32 ZeRO 1 at SP=2 is the launch test's: every loss, the memory
+    table), and bf16 with fp32 gradient accumulation at ZeRO 1 (DeepSpeed's
     BF16_Optimizer, its own reduction; bf16 through DeepSpeedZeroOptimizer is
     tests/test_sequence_parallel.py's TP=2 case), on memory_runs' TINY model, micro batch 2,
     SP=2 (x DP=2 at ZeRO 2, 4 ranks) against one rank at the same stage and precision reading the
