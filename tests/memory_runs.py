@@ -15,8 +15,11 @@ def first_iteration(flags):
 
 
 def first_iteration_and_loss(flags):
-    """first_iteration's rows and the iteration's loss. The batches depend on the DP rank only: the
-    SP ranks of a replica (DeepSpeed-Ulysses) read the same samples."""
+    """first_iteration's rows, the losses of the first two iterations and the first step's
+    gradient norm as DeepSpeed's engine computed it (the second loss and the norm carry the
+    first step's gradient reduction). The batches depend on the DP rank only: the SP ranks of a
+    replica (DeepSpeed-Ulysses) and the TP ranks read the same samples, and DP ranks together read
+    what one rank reads in its micro-batches."""
     import torch
     import torch.distributed as dist
 
@@ -32,12 +35,17 @@ def first_iteration_and_loss(flags):
     set_args(args)
     initialize._build_tokenizer(args)
     trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
-    g = torch.Generator().manual_seed(mpu.get_data_parallel_rank())
-    batches = iter([pretrain_gpt.get_batch({"text": torch.randint(0, 600, (2, S + 1), generator=g)})
-                    for _ in range(16)])
+    # one stream of micro-batches whatever the layout: an iteration's global batch is the next
+    # dp x m of them, DP rank d reading its m in a row (one rank reads them all, in order)
+    dp, d = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+    m = args.global_batch_size // (args.micro_batch_size * dp)
+    stream = torch.randint(0, 600, (16 * dp, args.micro_batch_size, S + 1), generator=torch.Generator().manual_seed(0))
+    batches = iter([pretrain_gpt.get_batch({"text": stream[k // m * dp * m + d * m + k % m]}) for k in range(16)])
     loss = trainer.steps.train_batch(batches)
-    return [(rank, stage, tp, dp, predicted._asdict(), measured)
-            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()], float(loss)
+    grad_norm = trainer.engine.get_global_grad_norm()
+    rows = [(rank, stage, tp, dp, predicted._asdict(), measured)
+            for rank, stage, tp, dp, predicted, measured in trainer.measure_memory()]
+    return rows, [float(loss), float(trainer.steps.train_batch(batches))], float(grad_norm)
 
 
 def check_exact(rows):
@@ -46,3 +54,4 @@ def check_exact(rows):
             assert predicted[field] == measured[field], (
                 f"rank {rank} (stage {stage}, tp {tp}, dp {dp}) {field}: "
                 f"predicted {predicted[field]:,}, measured {measured[field]:,}")
+

@@ -210,3 +210,37 @@ def test_param_count_tool_takes_the_flag():
     with pytest.raises(ConfigError, match="--seq-length 34 is not divisible by --tensor-model-parallel-size 4"):
         tool.parse_args([str(f) for f in [*RUN, "--tensor-model-parallel-size", 4, "--sequence-parallel",
                                           "--seq-length", 34, "--max-position-embeddings", 40]])
+
+
+# --- bf16, in process ---------------------------------------------------------------------------
+
+def test_tp2_sequence_parallel_bf16_first_steps_as_one_rank():
+    """TP=2 with --sequence-parallel on the trainer's engine (tests/memory_runs.py: 2 layers, hidden
+    64, seq 32, micro batch 2), bf16 through DeepSpeed's ZeRO 1 optimizer, against one rank in bf16
+    at ZeRO 1: the first two losses and the first step's gradient norm (DeepSpeed's) are the
+    one-rank run's, and the memory table is exact where it claims to be."""
+    from memory_runs import check_exact, first_iteration_and_loss
+    # TP splits the matmuls' sums, each rounded to bf16's 8 bits
+    tol = torch.finfo(torch.bfloat16).eps
+    common = ["--global-batch-size", "2", "--no-pipeline-parallel", "--make-vocab-size-divisible-by", "64",
+              "--zero-stage", "1", "--bf16"]
+    [(one, one_losses, one_norm)] = run_distributed(1, first_iteration_and_loss, common)
+    ranks = run_distributed(2, first_iteration_and_loss, common + TP2, tp=2)
+    for _, losses, norm in ranks:
+        assert losses == pytest.approx(one_losses, rel=tol)
+        assert norm == pytest.approx(one_norm, rel=tol)
+    rows = ranks[0][0]
+    check_exact(rows)
+    [(*_, one_predicted, one_measured)] = one
+    # by hand, a TP rank's parameters: vocab 640/2 x 64 + positions 32 x 64 + 2 layers of (2 norms
+    # 2 x 64, QKV 64 x 192/2 + 96, dense 64 x 64/2 + 64, h->4h 64 x 256/2 + 128, 4h->h 256 x 64/2
+    # + 64) + the final norm 128; bf16 weights, fp32 master + Adam's two moments, two groups' steps
+    params = 320 * 64 + 32 * 64 + 2 * (2 * 128 + 6144 + 96 + 2048 + 64 + 8192 + 128 + 8192 + 64) + 128
+    assert params == 73_024
+    for *_, predicted, measured in rows:
+        assert (measured["weights"], measured["optimizer"]) == (2 * params, 12 * params + 2 * 4)
+        # torch's CPU LayerNorm keeps a bf16 input's mean and rstd in bf16, where the estimate counts
+        # CUDA's fp32: 4 bytes less a token for each of the 5 norms, on the 64 tokens one rank
+        # holds and the 32 of a sequence shard
+        assert one_measured["activations"] == one_predicted["activations"] - 5 * 64 * 4
+        assert measured["activations"] == predicted["activations"] - 5 * 32 * 4

@@ -120,28 +120,54 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
         assert resumed["losses"] == pytest.approx({it: ref["losses"][it] for it in ("3", "4")}, rel=1e-6)
 
 
-def test_sp2_zero1_memory_and_loss_against_one_rank():
-    """ZeRO 1 (DeepSpeedZeroOptimizer over the SP x DP ranks) on memory_runs' TINY model, micro
-    batch 2, SP=2 against one rank: the first iteration's loss is the one-rank loss; weights,
-    gradients and optimizer state are predicted to the byte, the optimizer state being half of the
-    one-rank ZeRO 1 state (partitioned over the two SP ranks); and the activations each SP rank
-    saves for backward are below the one-rank run's by the predicted amount."""
-    common = ["--global-batch-size", "2", "--no-pipeline-parallel", "--zero-stage", "1"]
-    [(one, one_loss)] = run_distributed(1, first_iteration_and_loss, common)
-    ranks = run_distributed(2, first_iteration_and_loss, common + ["--ds-sequence-parallel-size", "2"], sp=2)
+@pytest.mark.parametrize("flags, dp", [(["--zero-stage", "2"], 2),
+                                       (["--zero-stage", "1", "--bf16", "--accumulate-allreduce-grads-in-fp32"], 1)],
+                         ids=["zero2_dp2", "bf16_optimizer"])
+def test_sp2_zero_memory_and_loss_against_one_rank(flags, dp):
+    """ZeRO 2 in fp32 (DeepSpeedZeroOptimizer over the SP x DP ranks, its gradient buckets
+    reduced during backward; fp32 ZeRO 1 at SP=2 is the launch test's: every loss, the memory
+    table), and bf16 with fp32 gradient accumulation at ZeRO 1 (DeepSpeed's
+    BF16_Optimizer, its own reduction; bf16 through DeepSpeedZeroOptimizer is
+    tests/test_sequence_parallel.py's TP=2 case), on memory_runs' TINY model, micro batch 2,
+    SP=2 (x DP=2 at ZeRO 2, 4 ranks) against one rank at the same stage and precision reading the
+    same samples: the first two iterations' losses (averaged over DP) and the first step's
+    gradient norm are the one-rank run's (the SP ranks' gradient shares summed, the DP replicas'
+    averaged, before the step); weights, gradients and optimizer state are predicted to the
+    byte, the optimizer state being 1/(SP x DP) of the one-rank state; and the activations each
+    SP rank saves for backward are below the one-rank run's by the predicted amount."""
+    bf16 = "--bf16" in flags
+    # fp32: only the order of the sums differs; bf16: a gradient element rounds to 8 bits either way
+    tol = torch.finfo(torch.bfloat16).eps if bf16 else 1e-5
+    common = ["--global-batch-size", str(2 * dp), "--no-pipeline-parallel"]
+    [(one, one_losses, one_norm)] = run_distributed(1, first_iteration_and_loss, common + flags)
+    ranks = run_distributed(2 * dp, first_iteration_and_loss, common + flags + ["--ds-sequence-parallel-size", "2"],
+                            sp=2)
     rows = ranks[0][0]
     check_exact(rows)
     check_exact(one)
     [(_, _, _, _, one_predicted, one_measured)] = one
-    for _rank_rows, loss in ranks:
-        assert loss == pytest.approx(one_loss, rel=1e-6)
+    # ranks 2r and 2r + 1 are the SP ranks of DP replica r: the same loss; the mean over replicas
+    # is the one-rank loss, the mean of its dp micro-batches
+    for it in (0, 1):
+        assert all(ranks[2 * r][1][it] == ranks[2 * r + 1][1][it] for r in range(dp))
+        assert sum(ranks[2 * r][1][it] for r in range(dp)) / dp == pytest.approx(one_losses[it], rel=tol)
+    for _, _, norm in ranks:
+        assert norm == pytest.approx(one_norm, rel=tol)
     # by hand (tests/test_memory_measured.py's TINY sizes): 143,104 parameters in two groups of
-    # 141,312 and 1,792 elements, each a multiple of 2 x 2: fp32 master, exp_avg, exp_avg_sq halved
+    # 141,312 and 1,792 elements, each a multiple of 2 x SP x DP: fp32 master, exp_avg, exp_avg_sq
+    # partitioned over the SP x DP ranks
     for *_, predicted, measured in rows:
-        assert measured["optimizer"] == 3 * 4 * 143_104 // 2 + 2 * 4
+        assert measured["weights"] == (2 if bf16 else 4) * 143_104
+        if bf16:  # BF16_Optimizer: the bf16 .grad tensors and a whole flat fp32 accumulator
+            assert measured["gradients"] == (2 + 4) * 143_104
+        assert measured["optimizer"] == 3 * 4 * 143_104 // (2 * dp) + 2 * 4
         assert one_measured["optimizer"] == 3 * 4 * 143_104 + 2 * 4
         saved = one_measured["activations"] - measured["activations"]
-        assert saved == one_predicted["activations"] - predicted["activations"]
+        # torch's CPU LayerNorm keeps a bf16 input's mean and rstd in bf16, where the estimate
+        # counts CUDA's fp32: 4 bytes less a token for each of the 5 norms (2 layers x 2 + the
+        # final one) on the 32 tokens (2 x 16) an SP rank does not hold
+        cpu_norm_stats = 5 * 2 * 16 * 4 if bf16 else 0
+        assert saved == one_predicted["activations"] - predicted["activations"] - cpu_norm_stats
         assert saved > one_measured["activations"] * 0.45  # nearly half: the logits dominate
 
 
