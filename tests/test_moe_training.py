@@ -135,5 +135,6 @@ def test_export_refuses_an_moe_checkpoint_in_one_line(runs, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == (f"convert_checkpoint_to_hf.py: error: {runs['tp2_pp2_ckpt']}/global_step3: a mixture-of-"
                            f"experts model (4 experts per MoE layer) has no transformers architecture here "
-                           f"(GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM are dense)\n")
+                           f"(GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM, "
+                           f"Qwen2ForCausalLM are dense)\n")
     assert not (tmp_path / "hf").exists()
