@@ -29,7 +29,7 @@ declare -A MODULES=(
   [memory]="megatron/metrics/memory.py|tests/test_memory_rules.py tests/test_breakdowns_by_hand.py::test_memory_rows_by_hand_fp32_zero0 tests/test_breakdowns_by_hand.py::test_memory_rows_by_hand_bf16_zero1_dp2"
   [partition]="megatron/model/partition.py|tests/test_partition_rules.py tests/test_pipeline_partition.py::test_deepspeed_methods_on_bloom_176b tests/test_pipeline_partition.py::test_flops_balances_flops_on_bloom_176b tests/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage"
   [shape]="megatron/model/shape.py|tests/test_variant_config.py::test_both_forks_spellings_give_one_shape tests/test_variant_config.py::test_llama_count_by_hand tests/test_seed_counts.py::test_padded_vocab"
-  [analytic]="megatron/model/analytic.py|tests/test_flops.py::test_formula_terms_by_hand tests/test_variant_config.py::test_llama_count_by_hand tests/test_mfu.py"
+  [analytic]="megatron/model/analytic.py|tests/test_flops.py::test_formula_terms_by_hand tests/test_variant_config.py::test_llama_count_by_hand tests/test_variant_config.py::test_describe_and_report_name_the_variant tests/test_mfu.py tests/test_moe.py::test_table_names_the_experts_by_global_index tests/test_variants.py::test_untied_last_stage_holds_no_embedding_copy tests/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage tests/test_partition_rules.py"
   [utils]="megatron/utils.py|tests/test_mfu.py tests/test_variant_config.py::test_describe_and_report_name_the_variant"
 )
 ORDER=(mfu learning_rates param_count training_log memory partition shape analytic utils)

@@ -163,3 +163,31 @@ def test_last_stage_holds_the_tied_copy_first():
     assert last[:2] == [HeldParameter(V * H, True, True), HeldParameter(S * H, True, False)]
     assert sum(p.numel for p in last) == V * H + S * H + 49_984 + 2 * H  # + layer 2 + final norm
     assert [p.has_grad for p in held_parameters(tiny(pipeline_model_parallel_size=2), 0)] == [True] * 14
+
+
+def test_embedding_activations_at_tp2_with_dropout():
+    """PP 2 stage 0 (embedding and layer 1) at TP 2 with hidden dropout: the layer's column-parallel
+    outputs halve, and the embedding adds the out-of-slice mask (1 byte a token) and the bool mask
+    of its own dropout (s x h)."""
+    setup = TrainingSetup(hidden_dropout=0.1)
+    layer = (4 * S * (4 * H + 4 * H // 2 + 2 * F // 2) + 4 * 4 * S + 4 * (HEADS // 2) * S
+             + 2 * S * H)  # + the two residual dropouts' bool masks
+    embedding = 8 * S + 8 * S + S + S * H
+    shape = tiny(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert activation_bytes(shape, setup, 0) == (layer + embedding, layer + embedding, 1)
+
+
+def test_untied_output_layer_comes_last_at_pp1():
+    """Without a tied copy nothing is registered first: the untied output weight is the last
+    parameter, after the final norm (the order ZeRO's flat partitions follow)."""
+    held = held_parameters(tiny(untie_embeddings_and_output_weights=True), 0)
+    assert held[0] == HeldParameter(V * H, True, True) and held[1] == HeldParameter(S * H, True, True)
+    assert held[-3:] == [HeldParameter(H, False, True), HeldParameter(H, False, True), HeldParameter(V * H, True, True)]
+
+
+def test_zero3_persistence_threshold_is_inclusive():
+    # DeepSpeed keeps a parameter whole when ds_numel <= stage3_param_persistence_threshold (1e5)
+    setup = TrainingSetup(zero_stage=3, data_parallel_size=4, reduce_bucket_size=0)
+    at, above = HeldParameter(100_000, True, True), HeldParameter(100_004, True, True)
+    assert model_state_bytes([at], setup)[0] == (25_000 + 100_000) * 4
+    assert model_state_bytes([above], setup)[0] == 25_001 * 4
