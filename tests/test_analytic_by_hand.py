@@ -9,8 +9,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model.analytic import (
     analytic_parameter_counts,
+    entries_by_name,
+    experts_per_expert_parallel_rank,
     flops_per_sample,
+    fused_parts,
     gigaflos_no_embeds,
+    held_by_expert_parallel_rank,
+    mlp_forward_flops,
+    parameter_table,
+    table_entry,
 )
 from megatron.model.shape import ModelShape
 
@@ -110,3 +117,99 @@ def test_flops_equal_flop_counter_on_transformers_gpt2():
 def test_gigaflos_no_embeds_by_hand():
     # 6 N D: 6 x 1e6 parameters x (10 samples x 100 tokens) = 6e9 FLOPs = 6 GigaFLOs
     assert gigaflos_no_embeds(10, 100, 1_000_000) == 6.0
+
+
+# --- names, fused parts, experts: by hand on the tiny GPT-2 (2 layers, h 64, 4 heads, seq 32) ---
+
+def tiny(**kw):
+    return ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600, **kw)
+
+
+def test_names_in_gptmodelpipe_and_gptmodel():
+    tied, untied = tiny(), tiny(untie_embeddings_and_output_weights=True)
+    # GPTModelPipe: DeepSpeed's tied module on every stage holding a copy, then "<layer index>.<key>"
+    assert table_entry("tied_modules.embed.word_embeddings.weight", tied, True).component == "word_embeddings"
+    assert table_entry("0.word_embeddings.weight", tied, True) is None
+    assert table_entry("0.word_embeddings.weight", untied, True).component == "word_embeddings"
+    assert table_entry("1.self_attention.query_key_value.weight", tied, True).shape == (3 * 64, 64)
+    assert table_entry("3.bias", tied, True).shape == (64,)  # the final norm is layer L + 1
+    assert table_entry("4.weight", untied, True).component == "output_layer"  # layer L + 2
+    assert table_entry("4.weight", tied, True) is None  # the tied copy is not listed again
+    # GPTModel: Megatron's module tree, transformer layers 0-based
+    plain = {
+        "language_model.embedding.word_embeddings.weight": ("word_embeddings", (640, 64)),
+        "language_model.embedding.position_embeddings.weight": ("position_embeddings", (32, 64)),
+        "language_model.encoder.layers.0.input_layernorm.weight": ("layernorm", (64,)),
+        "language_model.encoder.layers.1.mlp.dense_4h_to_h.weight": ("mlp", (64, 256)),
+        "language_model.encoder.final_layernorm.bias": ("layernorm", (64,)),
+        "language_model.output_layer.weight": ("output_layer", (640, 64)),
+    }
+    for name, (component, shape) in plain.items():
+        entry = table_entry(name, untied, False)
+        assert (entry.component, entry.shape) == (component, shape), name
+    assert table_entry("language_model.encoder.layers.2.input_layernorm.weight", untied, False) is None
+    assert table_entry("language_model.output_layer.weight", tied, False) is None
+    assert len(entries_by_name(untied, False)) == 2 + 2 * 12 + 2 + 1
+
+
+def test_fused_qkv_and_glu_parts():
+    # 4 query heads in 2 kv groups, head dim 2: per group 2 query heads, its key head, its value head
+    shape = tiny(num_key_value_heads=2, kv_channels=2)
+    qkv = table_entry("language_model.encoder.layers.0.self_attention.query_key_value.weight", shape, False)
+    rows = torch.arange(16).repeat_interleave(3).reshape(16, 3)  # row r holds r in each of its 3 columns
+    parts = fused_parts(qkv, shape, rows)
+    assert sorted(parts) == ["key", "query", "value"]
+    assert parts["query"][:, 0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11] and parts["query"].shape == (8, 3)
+    assert parts["key"][:, 1].tolist() == [4, 5, 12, 13] and parts["value"][:, 2].tolist() == [6, 7, 14, 15]
+    bias = table_entry("language_model.encoder.layers.0.self_attention.query_key_value.bias", shape, False)
+    assert fused_parts(bias, shape, torch.arange(16))["value"].tolist() == [6, 7, 14, 15]
+    glu = tiny(glu_activation="swiglu", ffn_hidden_size=4)
+    h_to_4h = table_entry("language_model.encoder.layers.0.mlp.dense_h_to_4h.weight", glu, False)
+    parts = fused_parts(h_to_4h, glu, torch.arange(8))  # rows alternate gate, value
+    assert (parts["gate"].tolist(), parts["value"].tolist()) == ([0, 2, 4, 6], [1, 3, 5, 7])
+    dense = table_entry("language_model.encoder.layers.0.mlp.dense_4h_to_h.weight", glu, False)
+    assert list(fused_parts(dense, glu, torch.arange(3))) == [""]
+
+
+EXPERT = 64 * 256 + 256 + 256 * 64 + 64  # one expert: the dense MLP, 33,088
+
+
+def test_experts_held_per_tp_and_ep_rank_by_hand():
+    """Layer 2 has 4 experts. TP 2 (vocab 600 padded to a multiple of 128 x 2: 768): a rank holds half
+    of the word table and of every column / row-parallel matrix, whole norms, position table, router
+    and row-parallel biases; the experts too are halved with --enable-expert-tensor-parallelism."""
+    word, positions = 768 * 64 // 2, 32 * 64
+    attention_and_norms = 128 + 3 * 64 * 64 // 2 + 3 * 64 // 2 + 64 * 64 // 2 + 64 + 128
+    mlp_half = 64 * 256 // 2 + 256 // 2 + 256 * 64 // 2 + 64
+    router, final_norm = 4 * 64, 128
+    dense_rest = word + positions + (attention_and_norms + mlp_half) + attention_and_norms + router + final_norm
+
+    def held(**kw):
+        return analytic_parameter_counts(tiny(tensor_model_parallel_size=2, num_experts=(4,), **kw)).stages[0].held
+    assert held() == dense_rest + 4 * EXPERT  # experts whole on every TP rank
+    assert held(enable_expert_tensor_parallelism=True) == dense_rest + 4 * mlp_half
+    # EP 2: each EP rank holds 2 of the 4 experts (the table counts EP rank 0's)
+    assert held(enable_expert_tensor_parallelism=True, moe_expert_parallel_size=2) == dense_rest + 2 * mlp_half
+    ep2 = tiny(num_experts=(4,), moe_expert_parallel_size=2)
+    assert experts_per_expert_parallel_rank(ep2) == (2, 2 * EXPERT)
+    specs = [s for s in parameter_table(ep2) if s.component == "experts"]
+    assert [held_by_expert_parallel_rank(ep2, s, 1) for s in specs] == [False] * 8 + [True] * 8  # 4 tensors each
+    assert all(held_by_expert_parallel_rank(ep2, s, 1) for s in parameter_table(ep2) if s.component != "experts")
+
+
+def test_active_parameters_top_k_and_residual_moe():
+    # top-2 of 4 experts in layer 2, 8 in layer 4 (interval 2): 2 experts per MoE layer are active
+    shape = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
+                       num_experts=(4, 8), topk=2)
+    counts = analytic_parameter_counts(shape)
+    assert counts.components["experts"] == 12 * EXPERT and counts.experts_active == 4 * EXPERT
+    assert counts.active == counts.total - 8 * EXPERT
+    assert experts_per_expert_parallel_rank(shape) == (12, 12 * EXPERT)
+    # PR-MoE: the dense MLP stays next to the experts, mixed by a coefficient h -> 2 with bias
+    residual = analytic_parameter_counts(tiny(num_experts=(4,), mlp_type="residual"))
+    assert residual.components["mlp"] == 2 * EXPERT and residual.components["router"] == 4 * 64 + 2 * 64 + 2
+    # FLOPs of layer 2's MLP slot per sample: one expert (top-1) 4shf, the router 2shE, the dense MLP
+    # again and the coefficient 2sh2
+    s, h, f = 32, 64, 256
+    assert mlp_forward_flops(tiny(num_experts=(4,), mlp_type="residual")) == [
+        4 * s * h * f, 4 * s * h * f + 2 * s * h * 4 + 4 * s * h * f + 2 * s * h * 2]
