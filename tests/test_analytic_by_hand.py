@@ -8,6 +8,7 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model.analytic import (
+    StageCount,
     analytic_parameter_counts,
     entries_by_name,
     experts_per_expert_parallel_rank,
@@ -15,8 +16,12 @@ from megatron.model.analytic import (
     fused_parts,
     gigaflos_no_embeds,
     held_by_expert_parallel_rank,
+    layers_per_stage,
     mlp_forward_flops,
     parameter_table,
+    pipe_items,
+    recomputed_layers,
+    stage_of_layer,
     table_entry,
 )
 from megatron.model.shape import ModelShape
@@ -213,3 +218,33 @@ def test_active_parameters_top_k_and_residual_moe():
     s, h, f = 32, 64, 256
     assert mlp_forward_flops(tiny(num_experts=(4,), mlp_type="residual")) == [
         4 * s * h * f, 4 * s * h * f + 2 * s * h * 4 + 4 * s * h * f + 2 * s * h * 2]
+
+
+def test_stage_counts_and_pipe_items_at_pp2():
+    shape = tiny(pipeline_model_parallel_size=2)
+    embedding, layer = (640 + 32) * 64, 12 * 64 * 64 + 13 * 64  # word + position tables; one GPT-2 layer
+    # the last stage holds layer 2, the final norm and a copy of the embedding (owned by stage 0)
+    assert analytic_parameter_counts(shape).stages == (StageCount(1, embedding + layer, embedding + layer),
+                                                       StageCount(1, layer + 128 + embedding, layer + 128))
+    s, h, f, v = 32, 64, 256, 640
+    layer_flops = 2 * s * h * 3 * h + 4 * s * s * h + 2 * s * h * h + 4 * s * h * f
+    assert [(i.layer, i.params, i.flops) for i in pipe_items(shape)] == [
+        (0, embedding, 0), (1, layer, 3 * layer_flops), (2, layer, 3 * layer_flops), (3, 128, 0),
+        (4, embedding, 3 * 2 * s * h * v)]
+    assert layers_per_stage(shape) == [1, 1] and [stage_of_layer(shape, n) for n in range(5)] == [0, 0, 1, 1, 1]
+
+
+def test_block_recompute_per_stage():
+    """The block method recomputes the first N layers of each stage: at PP 2 over 4 layers with
+    N = 1, layers 0 and 2; N = 5 is capped at each stage's 2 layers."""
+    shape = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
+                       pipeline_model_parallel_size=2)
+    assert recomputed_layers(shape, "block", 1) == [0, 2]
+    assert recomputed_layers(shape, "block", 5) == [0, 1, 2, 3] == recomputed_layers(shape, "uniform", 1)
+    assert recomputed_layers(shape, None, 1) == []
+    s, h, f, v = 32, 64, 256, 640
+    layer = 2 * s * h * 3 * h + 4 * s * s * h + 2 * s * h * h + 4 * s * h * f
+    logits = 2 * s * h * v
+    assert flops_per_sample(shape, True, "block", 1) == 3 * 4 * layer + 2 * layer + 3 * logits
+    assert flops_per_sample(shape, True) == 4 * 4 * layer + 3 * logits  # uniform by default
+    assert flops_per_sample(shape, False, "block", 1) == 3 * 4 * layer + 3 * logits  # no checkpointing
