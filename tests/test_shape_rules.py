@@ -240,3 +240,43 @@ def test_both_forks_position_and_kv_head_flags():
         with pytest.raises(ConfigError) as e:
             _num_key_value_heads(flags(**kw))
         assert str(e.value) == message
+
+
+def test_describe_learned_and_full_rotary():
+    assert shape().describe() == "learned positions, gelu ffn 256, layernorm, 4 heads, tied"
+    # --rotary-percent only matters with rotary positions
+    assert shape(rotary_percent=0.5).describe() == "learned positions, gelu ffn 256, layernorm, 4 heads, tied"
+    assert shape(position_embedding_type="rotary").describe() == "rotary, gelu ffn 256, layernorm, 4 heads, tied"
+
+
+def trainer_flags(**kw):
+    """The trainer's namespace after parsing, every field from_args reads."""
+    return flags(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, ffn_hidden_size=None,
+                 max_position_embeddings=None, make_vocab_size_divisible_by=128, tensor_model_parallel_size=1,
+                 pipeline_model_parallel_size=1, glu_activation=None, swiglu=False, normalization="layernorm",
+                 embed_layernorm=False, add_bias_linear=True, kv_channels=None,
+                 untie_embeddings_and_output_weights=False, **kw)
+
+
+def test_from_args_reads_every_field():
+    args = trainer_flags()
+    for name, value in dict(ffn_hidden_size=96, max_position_embeddings=48, make_vocab_size_divisible_by=64,
+                            tensor_model_parallel_size=2, pipeline_model_parallel_size=2, glu_activation="geglu",
+                            normalization="rmsnorm", embed_layernorm=True, add_bias_linear=False, kv_channels=8,
+                            untie_embeddings_and_output_weights=True, use_rotary_position_embeddings=True,
+                            num_key_value_heads=2).items():
+        setattr(args, name, value)
+    args.pad_vocab_size_to, args.pp_partition_method, args.rotary_percent = 1024, "uniform", 0.5
+    args.num_experts, args.expert_interval, args.topk = [4], 1, 2
+    args.moe_expert_parallel_size, args.mlp_type, args.enable_expert_tensor_parallelism = 2, "residual", True
+    assert ModelShape.from_args(args, vocab_size=600) == ModelShape(
+        num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600, ffn_hidden_size=96,
+        max_position_embeddings=48, make_vocab_size_divisible_by=64, pad_vocab_size_to=1024,
+        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, pp_partition_method="uniform",
+        position_embedding_type="rotary", rotary_percent=0.5, glu_activation="geglu", normalization="rmsnorm",
+        embed_layernorm=True, add_bias_linear=False, num_key_value_heads=2, kv_channels=8,
+        untie_embeddings_and_output_weights=True, num_experts=(4,), expert_interval=1, topk=2,
+        moe_expert_parallel_size=2, mlp_type="residual", enable_expert_tensor_parallelism=True)
+    # a namespace without the optional flags (nor MoE ones, or left None): the dense GPT-2 defaults
+    assert ModelShape.from_args(trainer_flags(num_experts=None, topk=None)) == ModelShape(
+        num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32)
