@@ -78,7 +78,7 @@ def test_flags_unknown_to_the_trainer_named_on_stderr(capsys):
     ([], "give exactly one of --vocab-size, --vocab-file, or --tokenizer-type"),
     (["--vocab-size", "600", "--vocab-file", "data/gpt2-vocab.json"], "give exactly one of --vocab-size"),
     (["--vocab-file", "no/such/vocab.json"], "--vocab-file no/such/vocab.json: no such file"),
-    (["--vocab-file", "README.md"], "--vocab-file README.md: not a GPT-2 vocab.json ("),
+    (["--vocab-file", "pretrain_gpt.py"], "--vocab-file pretrain_gpt.py: not a GPT-2 vocab.json ("),
     (["--vocab-size", "600", "--num-gpus", "3", "--pipeline-model-parallel-size", "2"],
      "--world-size 3 is not divisible by TP x PP = 2"),
     (["--vocab-size", "600", "--fp16", "--bf16"], "--fp16 and --bf16 are exclusive: pick one"),
