@@ -248,3 +248,25 @@ def test_block_recompute_per_stage():
     assert flops_per_sample(shape, True, "block", 1) == 3 * 4 * layer + 2 * layer + 3 * logits
     assert flops_per_sample(shape, True) == 4 * 4 * layer + 3 * logits  # uniform by default
     assert flops_per_sample(shape, False, "block", 1) == 3 * 4 * layer + 3 * logits  # no checkpointing
+
+
+def test_last_stage_copy_and_untied_output_at_tp2():
+    # the last stage's copy of the embedding has no embedding LayerNorm (only the first stage runs it)
+    bloom_like = tiny(pipeline_model_parallel_size=2, embed_layernorm=True)
+    embedding, layer = (640 + 32) * 64, 12 * 64 * 64 + 13 * 64
+    assert [s.held for s in analytic_parameter_counts(bloom_like).stages] == [
+        embedding + 128 + layer, layer + 128 + embedding]
+    # TP 2 (vocab padded to 768): the untied output layer is split over the vocab like the embedding
+    untied = tiny(tensor_model_parallel_size=2, untie_embeddings_and_output_weights=True)
+    [stage] = analytic_parameter_counts(untied).stages
+    local_layer = 128 + 3 * 64 * 64 // 2 + 3 * 64 // 2 + 64 * 64 // 2 + 64 + 128 + 64 * 256 + 256 // 2 + 64
+    assert stage.held == 768 * 64 // 2 + 32 * 64 + 2 * local_layer + 128 + 768 * 64 // 2
+    assert type(stage.held) is int
+
+
+def test_layers_of_exactly_two_experts():
+    # 2 experts is an MoE layer (e > 1): top-1 of 2, EP 2 holds one each
+    shape = tiny(num_experts=(2,), moe_expert_parallel_size=2)
+    assert analytic_parameter_counts(shape).experts_active == EXPERT
+    experts, params = experts_per_expert_parallel_rank(shape)
+    assert (experts, params) == (1, EXPERT) and type(experts) is int
