@@ -98,3 +98,28 @@ def test_refusals_are_one_line_exit_2(capsys, flags, message):
     assert exit_.value.code == 2 and out == ""
     [line] = err.splitlines()
     assert line.startswith(f"param_count.py: error: {message}"), line
+
+
+def test_block_recompute_and_batch_without_global_batch(capsys):
+    lines, _ = run(capsys, "--num-layers", "4", "--vocab-size", "600", "--pipeline-model-parallel-size", "2",
+                   "--checkpoint-activations", "--activations-checkpoint-method", "block", "--checkpoint-num-layers",
+                   "1", "--num-gpus", "4", "--micro-batch-size", "2")
+    # 2 layers a stage, the first of each recomputed: 3 x 4 layers + 2 recomputed + 3 x logits
+    per_sample = 3 * 4 * LAYER_FLOPS + 2 * LAYER_FLOPS + 3 * 2 * S * H * 640
+    assert (f"FLOPs per sample (model, fwd+bwd, recompute of the first 1 layer(s) of each stage): {per_sample:,}"
+            in lines)
+    # DP 2, no global batch: one micro batch of 2 per rank
+    assert ("memory per rank (predicted; fp32, ZeRO 0, torch optimizer, DP=2, micro batch 2 x 1, checkpointed "
+            "activations (block: first 1 layer(s) of each stage)):") in lines
+
+
+def test_split_comparison_follows(capsys):
+    """4 layers at PP 2 with a vocab of 8000 (padded to 8064): the default split puts layers 3-4 and
+    the logits (2 s h V = 33,030,144 forward FLOPs, ~10 layers' worth) on stage 1; the flops split
+    moves all 4 layers to stage 0: the slowest stage goes from 2 layers + logits to the logits alone."""
+    lines, _ = run(capsys, "--num-layers", "4", "--vocab-size", "8000", "--pipeline-model-parallel-size", "2")
+    logits = 2 * S * H * 8064
+    speedup = (2 * LAYER_FLOPS + logits) / logits
+    assert f"{speedup:.2f}" == "1.21"
+    assert any(line.startswith("--pp-partition-method flops would split otherwise: predicted speed-up 1.21x")
+               for line in lines)
