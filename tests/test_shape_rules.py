@@ -126,7 +126,7 @@ def test_a_bad_regex_is_named():
     dict(num_experts=(2,), topk=2, moe_expert_parallel_size=2),             # top-k = experts, EP = experts
     dict(vocab_size=600, pp_partition_method="FLOPS"), dict(vocab_size=600, pp_partition_method="Uniform"),
     dict(vocab_size=600, pp_partition_method="parameters", embed_layernorm=True),  # PP 1: one stage
-    dict(vocab_size=600, pp_partition_method="TYPE:Transformer"),           # the regex ignores case
+    dict(vocab_size=600, pp_partition_method="TYPE:TRANSFORMER"),           # the regex ignores case
     dict(pp_partition_method="random"),  # the method is checked once the vocab is known
 ])
 def test_accepted_at_the_limits(kw):
@@ -161,6 +161,7 @@ def test_experts_per_layer():
     assert shape(num_layers=4, num_experts=(4,)).experts_per_layer() == [1, 4, 1, 4]
     assert shape(num_layers=6, expert_interval=3, num_experts=(2, 4)).experts_per_layer() == [1, 1, 2, 1, 1, 4]
     assert shape(num_layers=3, expert_interval=1, num_experts=(2,)).experts_per_layer() == [2, 2, 2]
+    assert shape(num_layers=3, expert_interval=1, num_experts=(2, 4, 8)).experts_per_layer() == [2, 4, 8]
     assert shape(num_experts=(4,)).is_moe and not shape().is_moe and not shape(num_experts=(1,)).is_moe
 
 
@@ -193,6 +194,7 @@ def test_single_flag_rules():
         require_positive("--x", ok)
     require_non_negative("--x", 0)
     require_fraction("--x", 1)
+    require_fraction("--x", 0)
     require_fraction("--x", 0, below_one=True)
     for call, message in [(lambda: require_positive("--x", 0), "--x 0 must be positive"),
                           (lambda: require_non_negative("--x", -1), "--x -1 must be >= 0"),
