@@ -3,6 +3,7 @@ mutation testing cannot attribute): the lines the tool itself writes, the memory
 taken from its flags, and its refusals, every number worked out here by hand for the tiny GPT-2
 (2 layers, h 64, 4 heads, seq 32, vocab 600)."""
 import importlib
+import json
 
 import pytest
 
@@ -75,7 +76,8 @@ def test_flags_unknown_to_the_trainer_named_on_stderr(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    ([], "give exactly one of --vocab-size, --vocab-file, or --tokenizer-type"),
+    ([], "give exactly one of --vocab-size, --vocab-file, or --tokenizer-type PretrainedFromHF/HFTokenizer/"
+         "GPTSentencePieceTokenizer with its tokenizer"),
     (["--vocab-size", "600", "--vocab-file", "data/gpt2-vocab.json"], "give exactly one of --vocab-size"),
     (["--vocab-file", "no/such/vocab.json"], "--vocab-file no/such/vocab.json: no such file"),
     (["--vocab-file", "pretrain_gpt.py"], "--vocab-file pretrain_gpt.py: not a GPT-2 vocab.json ("),
@@ -123,3 +125,41 @@ def test_split_comparison_follows(capsys):
     assert f"{speedup:.2f}" == "1.21"
     assert any(line.startswith("--pp-partition-method flops would split otherwise: predicted speed-up 1.21x")
                for line in lines)
+
+
+def test_help_names_the_tool_and_its_world_size_flag(capsys):
+    with pytest.raises(SystemExit):
+        tool.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert ("Exact parameter count, FLOPs and memory per rank of a GPT from Megatron flags, without building a "
+            "model.") in out
+    assert ("--world-size WORLD_SIZE, --num-gpus WORLD_SIZE ranks in the job (default TP x PP: DP = 1); sets the "
+            "data-parallel size for the memory table") in out
+
+
+def test_abbreviations_are_not_flags(capsys):
+    """pretrain_gpt.py takes no abbreviated flags (allow_abbrev=False), so neither does the tool: an
+    abbreviated model flag is missing, an abbreviated trainer flag is named as unknown."""
+    with pytest.raises(SystemExit):
+        tool.main(["--num-lay", "2", *MODEL[2:], "--vocab-size", "600"])
+    assert capsys.readouterr().err == "param_count.py: error: --num-layers is required\n"
+    _, err = run(capsys, "--vocab-size", "600", "--log-int", "5", "--deepspeed", "--deepspeed_config", "ds.json",
+                 "--zero-stage", "1")
+    assert err.endswith("them): --log-int\n")
+
+
+def test_vocab_from_a_tokenizers_file(capsys, tmp_path):
+    """HFTokenizer counts tokenizer.json's base vocab: a word-level vocab of 5 words, padded to 128;
+    a file the tokenizers library cannot parse is one line naming the flag."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[UNK]": 0, "a": 1, "b": 2, "c": 3, "d": 4}
+    tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp_path / "tok.json"))
+    lines, _ = run(capsys, "--tokenizer-type", "HFTokenizer", "--tokenizer-model", str(tmp_path / "tok.json"),
+                   "--zero-stage", "3")
+    assert lines[2] == "padded vocab size: 128 (vocab 5, multiple of 128 x TP 1)"
+    (tmp_path / "bad.json").write_text(json.dumps({"not": "a tokenizer"}))
+    with pytest.raises(SystemExit):
+        tool.main([*MODEL, "--tokenizer-type", "HFTokenizer", "--tokenizer-model", str(tmp_path / "bad.json")])
+    err = capsys.readouterr().err
+    assert err.startswith(f"param_count.py: error: --tokenizer-model {tmp_path / 'bad.json'}: {tmp_path / 'bad.json'} "
+                          "is not a tokenizers file (") and len(err.splitlines()) == 1
