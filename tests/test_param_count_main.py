@@ -103,16 +103,23 @@ def test_refusals_are_one_line_exit_2(capsys, flags, message):
 
 
 def test_block_recompute_and_batch_without_global_batch(capsys):
-    lines, _ = run(capsys, "--num-layers", "4", "--vocab-size", "600", "--pipeline-model-parallel-size", "2",
+    lines, _ = run(capsys, "--num-layers", "6", "--vocab-size", "600", "--pipeline-model-parallel-size", "2",
                    "--checkpoint-activations", "--activations-checkpoint-method", "block", "--checkpoint-num-layers",
-                   "1", "--num-gpus", "4", "--micro-batch-size", "2")
-    # 2 layers a stage, the first of each recomputed: 3 x 4 layers + 2 recomputed + 3 x logits
-    per_sample = 3 * 4 * LAYER_FLOPS + 2 * LAYER_FLOPS + 3 * 2 * S * H * 640
-    assert (f"FLOPs per sample (model, fwd+bwd, recompute of the first 1 layer(s) of each stage): {per_sample:,}"
+                   "2", "--num-gpus", "4", "--micro-batch-size", "2")
+    # 3 layers a stage, the first 2 of each recomputed: 3 x 6 layers + 4 recomputed + 3 x logits
+    per_sample = 3 * 6 * LAYER_FLOPS + 4 * LAYER_FLOPS + 3 * 2 * S * H * 640
+    assert (f"FLOPs per sample (model, fwd+bwd, recompute of the first 2 layer(s) of each stage): {per_sample:,}"
             in lines)
     # DP 2, no global batch: one micro batch of 2 per rank
     assert ("memory per rank (predicted; fp32, ZeRO 0, torch optimizer, DP=2, micro batch 2 x 1, checkpointed "
-            "activations (block: first 1 layer(s) of each stage)):") in lines
+            "activations (block: first 2 layer(s) of each stage)):") in lines
+
+
+def test_uniform_recompute_at_pp1(capsys):
+    lines, _ = run(capsys, "--vocab-size", "600", "--checkpoint-activations")
+    # both layers run forward again: 4 x 2 layers + 3 x logits
+    per_sample = 4 * 2 * LAYER_FLOPS + 3 * 2 * S * H * 640
+    assert f"FLOPs per sample (model, fwd+bwd, recompute): {per_sample:,}" in lines
 
 
 def test_split_comparison_follows(capsys):
@@ -131,6 +138,7 @@ def test_help_names_the_tool_and_its_world_size_flag(capsys):
     with pytest.raises(SystemExit):
         tool.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "python tools/param_count.py" not in out  # the description is the docstring's first line only
     assert ("Exact parameter count, FLOPs and memory per rank of a GPT from Megatron flags, without building a "
             "model.") in out
     assert ("--world-size WORLD_SIZE, --num-gpus WORLD_SIZE ranks in the job (default TP x PP: DP = 1); sets the "
