@@ -270,3 +270,52 @@ def test_layers_of_exactly_two_experts():
     assert analytic_parameter_counts(shape).experts_active == EXPERT
     experts, params = experts_per_expert_parallel_rank(shape)
     assert (experts, params) == (1, EXPERT) and type(experts) is int
+
+
+def test_gptmodel_names_of_an_embedding_layernorm_and_pr_moe_model():
+    """Megatron's module tree with DeepSpeed's MoE module in layer 2's MLP slot (PR-MoE: the experts,
+    the router `deepspeed_moe.gate.wg`, the dense MLP `mlp` and the mixing `coefficient`)."""
+    shape = tiny(embed_layernorm=True, num_experts=(2,), mlp_type="residual")
+    dense = ["input_layernorm.weight", "input_layernorm.bias", "self_attention.query_key_value.weight",
+             "self_attention.query_key_value.bias", "self_attention.dense.weight", "self_attention.dense.bias",
+             "post_attention_layernorm.weight", "post_attention_layernorm.bias"]
+    mlp = ["dense_h_to_4h.weight", "dense_h_to_4h.bias", "dense_4h_to_h.weight", "dense_4h_to_h.bias"]
+    expected = ([f"language_model.embedding.{k}" for k in ("word_embeddings.weight", "position_embeddings.weight",
+                                                            "embedding_layernorm.weight", "embedding_layernorm.bias")]
+                + [f"language_model.encoder.layers.0.{k}" for k in dense + [f"mlp.{m}" for m in mlp]]
+                + [f"language_model.encoder.layers.1.{k}" for k in dense + ["mlp.deepspeed_moe.gate.wg.weight"]]
+                + [f"language_model.encoder.layers.1.mlp.deepspeed_moe.experts.deepspeed_experts.{e}.{m}"
+                   for e in (0, 1) for m in mlp]
+                + [f"language_model.encoder.layers.1.mlp.mlp.{m}" for m in mlp]
+                + ["language_model.encoder.layers.1.mlp.coefficient.weight",
+                   "language_model.encoder.layers.1.mlp.coefficient.bias",
+                   "language_model.encoder.final_layernorm.weight", "language_model.encoder.final_layernorm.bias"])
+    assert list(entries_by_name(shape, False)) == expected
+
+
+def test_tp_blocks_of_fused_rows():
+    """The rows a TP rank keeps together: a kv group's (a/g query heads + key + value) x head dim rows
+    of the QKV weight and bias (4 heads in 2 groups of head dim 16: 64), a GLU's gate/value pair (2),
+    single rows elsewhere; a row-parallel bias is replicated."""
+    shape = tiny(num_key_value_heads=2, glu_activation="swiglu")
+    specs = {s.key: s for s in parameter_table(shape) if s.layer == 1}
+    assert [(specs[k].split, specs[k].block) for k in (
+        "self_attention.query_key_value.weight", "self_attention.query_key_value.bias", "self_attention.dense.weight",
+        "self_attention.dense.bias", "mlp.dense_h_to_4h.weight", "mlp.dense_h_to_4h.bias", "mlp.dense_4h_to_h.weight",
+        "mlp.dense_4h_to_h.bias")] == [("column", 64), ("column", 64), ("row", 1), ("replicated", 1),
+                                       ("column", 2), ("column", 2), ("row", 1), ("replicated", 1)]
+
+
+def test_moe_mlp_flops_and_the_tied_copys_item():
+    s, h, f = 32, 64, 256
+    # standard MoE (top-1): one expert's 4shf and the router 2shE; 2 experts is an MoE layer too
+    assert mlp_forward_flops(tiny(num_experts=(4,))) == [4 * s * h * f, 4 * s * h * f + 2 * s * h * 4]
+    assert mlp_forward_flops(tiny(num_experts=(2,))) == [4 * s * h * f, 4 * s * h * f + 2 * s * h * 2]
+    # the last stage's tied copy is weighed without the embedding LayerNorm
+    copy = pipe_items(tiny(embed_layernorm=True))[-1]
+    assert (copy.layer, copy.params) == (4, (640 + 32) * 64)
+    # the block method recomputes the first layer of each stage when N is not given
+    shape = ModelShape(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
+                       pipeline_model_parallel_size=2)
+    assert flops_per_sample(shape, True, "block") == flops_per_sample(shape, True, "block", 1)
+    assert flops_per_sample(shape, True, "block") != flops_per_sample(shape, True, "block", 2)
