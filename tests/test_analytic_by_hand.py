@@ -242,6 +242,9 @@ def test_block_recompute_per_stage():
     assert recomputed_layers(shape, "block", 1) == [0, 2]
     assert recomputed_layers(shape, "block", 5) == [0, 1, 2, 3] == recomputed_layers(shape, "uniform", 1)
     assert recomputed_layers(shape, None, 1) == []
+    three = ModelShape(num_layers=6, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=600,
+                       pipeline_model_parallel_size=3)
+    assert recomputed_layers(three, "block", 1) == [0, 2, 4]  # stages of layers 0-1, 2-3, 4-5
     s, h, f, v = 32, 64, 256, 640
     layer = 2 * s * h * 3 * h + 4 * s * s * h + 2 * s * h * h + 4 * s * h * f
     logits = 2 * s * h * v
