@@ -4,7 +4,6 @@ transformers GPT-2 forward + backward (the FLOPs formula, with and without recom
 derivations (names, fused parts, placement, expert parallelism, recompute sets, C = 6ND)."""
 import pytest
 import torch
-import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model.analytic import (
@@ -51,31 +50,31 @@ def hf_component(name):
 V, L, S = 256, 2, 32
 # (transformers model and config, the same model as a ModelShape)
 MODELS = {
-    "gpt2": (transformers.GPT2LMHeadModel,
+    "gpt2": ("GPT2LMHeadModel",
              dict(n_layer=L, n_embd=64, n_head=8, n_positions=S, vocab_size=V),
              dict(num_layers=L, hidden_size=64, num_attention_heads=8, seq_length=S, vocab_size=V)),
-    "bloom": (transformers.BloomForCausalLM,  # ALiBi, embedding LayerNorm, tied
+    "bloom": ("BloomForCausalLM",  # ALiBi, embedding LayerNorm, tied
               dict(n_layer=L, hidden_size=48, n_head=6, vocab_size=V),
               dict(num_layers=L, hidden_size=48, num_attention_heads=6, seq_length=S, vocab_size=V,
                    position_embedding_type="alibi", embed_layernorm=True)),
-    "llama": (transformers.LlamaForCausalLM,  # rotary, SwiGLU, RMSNorm, GQA, untied, no bias
+    "llama": ("LlamaForCausalLM",  # rotary, SwiGLU, RMSNorm, GQA, untied, no bias
               dict(num_hidden_layers=L, hidden_size=64, intermediate_size=160, num_attention_heads=8,
                    num_key_value_heads=2, vocab_size=V, tie_word_embeddings=False),
               dict(num_layers=L, hidden_size=64, num_attention_heads=8, seq_length=S, vocab_size=V,
                    position_embedding_type="rotary", swiglu=True, ffn_hidden_size=160, normalization="rmsnorm",
                    num_key_value_heads=2, untie_embeddings_and_output_weights=True, add_bias_linear=False)),
-    "llama_head_dim": (transformers.LlamaForCausalLM,  # head dim 24 != h / heads, biased linears
+    "llama_head_dim": ("LlamaForCausalLM",  # head dim 24 != h / heads, biased linears
                        dict(num_hidden_layers=L, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                             num_key_value_heads=4, head_dim=24, attention_bias=True, mlp_bias=True, vocab_size=V,
                             tie_word_embeddings=False),
                        dict(num_layers=L, hidden_size=64, num_attention_heads=4, seq_length=S, vocab_size=V,
                             position_embedding_type="rotary", swiglu=True, ffn_hidden_size=128,
                             normalization="rmsnorm", kv_channels=24, untie_embeddings_and_output_weights=True)),
-    "mqa": (transformers.GPTBigCodeForCausalLM,  # learned positions, one kv head
+    "mqa": ("GPTBigCodeForCausalLM",  # learned positions, one kv head
             dict(n_layer=L, n_embd=64, n_head=8, n_positions=S, vocab_size=V, multi_query=True),
             dict(num_layers=L, hidden_size=64, num_attention_heads=8, seq_length=S, vocab_size=V,
                  num_key_value_heads=1)),
-    "mixtral": (transformers.MixtralForCausalLM,  # every layer MoE: 4 SwiGLU experts, top-2, router h -> E
+    "mixtral": ("MixtralForCausalLM",  # every layer MoE: 4 SwiGLU experts, top-2, router h -> E
                 dict(num_hidden_layers=L, hidden_size=64, intermediate_size=96, num_attention_heads=8,
                      num_key_value_heads=2, vocab_size=V, num_local_experts=4, num_experts_per_tok=2,
                      tie_word_embeddings=False),
@@ -88,7 +87,9 @@ MODELS = {
 
 @pytest.mark.parametrize("name", MODELS)
 def test_components_equal_transformers_models(name):
-    cls, hf_config, shape = MODELS[name]
+    transformers = pytest.importorskip("transformers")  # the `hf` extra (installed by the `test` extra)
+    cls_name, hf_config, shape = MODELS[name]
+    cls = getattr(transformers, cls_name)
     with torch.device("meta"):
         model = cls(cls.config_class(**hf_config))
     expected: dict[str, int] = {}
@@ -108,7 +109,9 @@ def test_components_equal_transformers_models(name):
 def test_flops_equal_flop_counter_on_transformers_gpt2():
     """FlopCounterMode on transformers' GPT-2 (eager attention: QK^T and PV are matmuls), forward
     and backward (recompute: tests/test_flops.py, on our model)."""
-    cls, hf_config, shape = MODELS["gpt2"]
+    transformers = pytest.importorskip("transformers")
+    cls_name, hf_config, shape = MODELS["gpt2"]
+    cls = getattr(transformers, cls_name)
     torch.manual_seed(0)
     config = cls.config_class(**hf_config, attn_implementation="eager", resid_pdrop=0.0, embd_pdrop=0.0,
                               attn_pdrop=0.0)
