@@ -32,7 +32,7 @@ declare -A MODULES=(
   [partition]="megatron/model/partition.py|tests/test_partition_rules.py tests/test_pipeline_partition.py::test_deepspeed_methods_on_bloom_176b tests/test_pipeline_partition.py::test_flops_balances_flops_on_bloom_176b tests/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage"
   [shape]="megatron/model/shape.py|tests/test_shape_rules.py tests/test_variant_config.py::test_both_forks_spellings_give_one_shape tests/test_variant_config.py::test_llama_count_by_hand tests/test_seed_counts.py::test_padded_vocab"
   [analytic]="megatron/model/analytic.py|tests/test_flops.py::test_formula_terms_by_hand tests/test_variant_config.py::test_llama_count_by_hand tests/test_variant_config.py::test_describe_and_report_name_the_variant tests/test_mfu.py tests/test_moe.py::test_table_names_the_experts_by_global_index tests/test_variants.py::test_untied_last_stage_holds_no_embedding_copy tests/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage tests/test_partition_rules.py tests/test_analytic_by_hand.py tests/test_memory_rules.py tests/test_memory_report.py"
-  [utils]="megatron/utils.py|tests/test_mfu.py tests/test_variant_config.py::test_describe_and_report_name_the_variant"
+  [utils]="megatron/utils.py|tests/test_mfu.py tests/test_variant_config.py::test_describe_and_report_name_the_variant tests/test_param_count_main.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
 )
 ORDER=(mfu learning_rates param_count training_log memory partition shape analytic utils)
 [ $# -gt 0 ] && ORDER=("$@")
