@@ -135,6 +135,7 @@ def test_math_attention_and_dropout_activations():
     # math without dropout in fp32: the softmax only (no copy in the activation dtype)
     plain = TrainingSetup(attention_impl="math")
     assert layer_activation_bytes(tiny(), plain, 1) == LAYER - 4 * HEADS * S + HEADS * S * S * 4 + 4 * S * H
+    assert type(layer_activation_bytes(tiny(tensor_model_parallel_size=2), plain, 1)) is int  # table prints ints
 
 
 def test_checkpointed_and_pipelined_activations():
@@ -163,3 +164,54 @@ def test_last_stage_holds_the_tied_copy_first():
     assert last[:2] == [HeldParameter(V * H, True, True), HeldParameter(S * H, True, False)]
     assert sum(p.numel for p in last) == V * H + S * H + 49_984 + 2 * H  # + layer 2 + final norm
     assert [p.has_grad for p in held_parameters(tiny(pipeline_model_parallel_size=2), 0)] == [True] * 14
+
+
+def test_embedding_activations_at_tp2_with_dropout():
+    """PP 2 stage 0 (embedding and layer 1) at TP 2 with hidden dropout: the layer's column-parallel
+    outputs halve, and the embedding adds the out-of-slice mask (1 byte a token) and the bool mask
+    of its own dropout (s x h)."""
+    setup = TrainingSetup(hidden_dropout=0.1)
+    layer = (4 * S * (4 * H + 4 * H // 2 + 2 * F // 2) + 4 * 4 * S + 4 * (HEADS // 2) * S
+             + 2 * S * H)  # + the two residual dropouts' bool masks
+    embedding = 8 * S + 8 * S + S + S * H
+    shape = tiny(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert activation_bytes(shape, setup, 0) == (layer + embedding, layer + embedding, 1)
+
+
+def test_untied_output_layer_comes_last_at_pp1():
+    """Without a tied copy nothing is registered first: the untied output weight is the last
+    parameter, after the final norm (the order ZeRO's flat partitions follow)."""
+    held = held_parameters(tiny(untie_embeddings_and_output_weights=True), 0)
+    assert held[0] == HeldParameter(V * H, True, True) and held[1] == HeldParameter(S * H, True, True)
+    assert held[-3:] == [HeldParameter(H, False, True), HeldParameter(H, False, True), HeldParameter(V * H, True, True)]
+
+
+def test_zero3_persistence_threshold_is_inclusive():
+    # DeepSpeed keeps a parameter whole when ds_numel <= stage3_param_persistence_threshold (1e5)
+    setup = TrainingSetup(zero_stage=3, data_parallel_size=4, reduce_bucket_size=0)
+    at, above = HeldParameter(100_000, True, True), HeldParameter(100_001, True, True)
+    assert model_state_bytes([at], setup)[0] == (25_000 + 100_000) * 4
+    assert model_state_bytes([above], setup)[0] == 25_001 * 4  # ceil(100,001 / 4)
+
+
+def test_checkpointed_stage_of_one_layer_with_micro_batches_in_flight():
+    """PP 2, 4 micro-batches of 2 sequences: stage 0 holds the embedding and layer 1, two
+    micro-batches in flight. Checkpointed, a micro-batch keeps the layer's input (4 s b h bytes);
+    the backward of the newest one recomputes the layer: its activations replace the saved input,
+    which peaks above the kept input. Both methods give the same with one layer."""
+    layer, chunk, embedding = 2 * LAYER, 4 * S * 2 * H, 8 * 2 * S + 8 * S  # linear in b, but the position ids
+    shape = tiny(pipeline_model_parallel_size=2)
+    for method in ("uniform", "block"):
+        setup = TrainingSetup(micro_batch_size=2, num_micro_batches=4, checkpoint_activations=True,
+                              checkpoint_method=method)
+        kept = chunk + embedding
+        assert activation_bytes(shape, setup, 0) == (kept + embedding + layer, kept, 2), method
+
+
+def test_uniform_chunks_of_two_layers():
+    """PP 1, chunks of 2 layers: one chunk input kept; in backward the head is freed and the chunk's
+    two layers recomputed, their activations replacing its input."""
+    setup = TrainingSetup(checkpoint_activations=True, checkpoint_num_layers=2)
+    per_mb = 4 * S * H + EMBEDDING + HEAD
+    assert activation_bytes(tiny(), setup, 0) == (EMBEDDING + 2 * LAYER, per_mb, 1)
+    assert EMBEDDING + 2 * LAYER > per_mb

@@ -98,9 +98,8 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
                        f"x data-parallel size {args.data_parallel_size}")
     if args.rampup_batch_size:  # the trainer's rule: every ramp-up batch splits into micro batches x DP
         arguments.validate_rampup(args, args.data_parallel_size)
-    args.zero_stage = args.zero_stage or 0
+    args.zero_stage = args.zero_stage or 0  # a stage outside 0-3: validate_flag_values refused it
     arguments._validate_sequence_parallel(args)  # off at TP 1; TP must divide the sequence
-    arguments._require(args.zero_stage in (0, 1, 2, 3), f"--zero-stage {args.zero_stage} must be 0, 1, 2 or 3")
     if args.accumulate_allreduce_grads_in_fp32:  # the ds_config key the trainer sets: where DeepSpeed runs it
         arguments.check_grad_accum_dtype("fp32", args)
     return TrainingSetup.from_args(args)

@@ -244,11 +244,11 @@ def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
 
 def _zero3_estimate(params: Sequence[HeldParameter], setup: TrainingSetup) -> tuple[int, int, int, int]:
     """ZeRO 3 (an estimate, not checked against a run): every parameter padded to a multiple of
-    DP and partitioned; small parameters (< 1e5 elements, stage3_param_persistence_threshold)
+    DP and partitioned; small parameters (<= 1e5 elements, stage3_param_persistence_threshold)
     also stay whole on every rank; gradients and fp32 optimizer state partitioned."""
     b, dp = setup.model_bytes, setup.weight_holders
     part = sum(ceil(p.numel / dp) for p in params)
-    persistent = sum(p.numel for p in params if p.numel < 100_000)
+    persistent = sum(p.numel for p in params if p.numel <= 100_000)
     return ((part + persistent) * b, part * b,
             part * MASTER_BYTES + _state_bytes(setup, part), setup.reduce_bucket_size * b)
 
