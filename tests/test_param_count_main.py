@@ -69,10 +69,10 @@ def test_vocab_file(capsys):
 
 
 def test_flags_unknown_to_the_trainer_named_on_stderr(capsys):
-    lines, err = run(capsys, "--vocab-size", "600", "--add-qkv-bias", "--use-mcore-models")
+    lines, err = run(capsys, "--vocab-size", "600", "--qk-layernorm", "--use-mcore-models")
     assert lines[0] == "parameters: 143,104"
     assert err == ("param_count.py: ignored, not flags of pretrain_gpt.py (the numbers are for the model without "
-                   "them): --add-qkv-bias, --use-mcore-models\n")
+                   "them): --qk-layernorm, --use-mcore-models\n")
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -141,8 +141,8 @@ def test_help_names_the_tool_and_its_world_size_flag(capsys):
     assert "python tools/param_count.py" not in out  # the description is the docstring's first line only
     assert ("Exact parameter count, FLOPs and memory per rank of a GPT from Megatron flags, without building a "
             "model.") in out
-    assert ("--world-size WORLD_SIZE, --num-gpus WORLD_SIZE ranks in the job (default TP x PP: DP = 1); sets the "
-            "data-parallel size for the memory table") in out
+    assert ("--world-size WORLD_SIZE, --num-gpus WORLD_SIZE ranks in the job (default TP x PP x SP: DP = 1); sets "
+            "the memory table's data-parallel size") in out
 
 
 def test_abbreviations_are_not_flags(capsys):

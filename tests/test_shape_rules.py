@@ -185,8 +185,8 @@ def test_describe():
         "alibi, gelu ffn 256, layernorm, 4 query / 2 kv heads, tied")
     assert gpt2_variant(4, 64) == {
         "position_embedding_type": "absolute", "rotary_percent": 1.0, "glu_activation": None,
-        "normalization": "layernorm", "embed_layernorm": False, "add_bias_linear": True, "num_key_value_heads": 4,
-        "kv_channels": 16, "untie_embeddings_and_output_weights": False}
+        "normalization": "layernorm", "embed_layernorm": False, "add_bias_linear": True, "add_qkv_bias": False,
+        "num_key_value_heads": 4, "kv_channels": 16, "untie_embeddings_and_output_weights": False}
 
 
 def test_single_flag_rules():
