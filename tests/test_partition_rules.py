@@ -9,7 +9,15 @@ import pytest
 from deepspeed.runtime.utils import partition_balanced, partition_uniform
 
 from megatron.model.analytic import stage_items
-from megatron.model.partition import _min_max, _spread_balanced, _uniform, describe_stage
+from megatron.model.partition import (
+    TRANSFORMER_ITEM,
+    PipeItem,
+    _min_max,
+    _spread_balanced,
+    _uniform,
+    describe_stage,
+    split_items,
+)
 from megatron.model.shape import ConfigError, ModelShape
 
 
@@ -89,3 +97,31 @@ def test_stage_descriptions():
     shape = ModelShape(**{**SHAPE, "num_layers": 2}, pipeline_model_parallel_size=2)
     assert [describe_stage(items, 2) for items in stage_items(shape)] == ["embedding, layer 1",
                                                                           "layer 2, norm, output layer"]
+
+
+def test_min_max_ties_go_to_the_earlier_cut():
+    """Among splits with the same largest stage, the later stages take the extra items (the first
+    stage already holds the most micro-batches in flight in 1F1B). By hand: 5 equal items on 2
+    stages, 2 + 3 (not 3 + 2); 7 on 3 stages, 2 + 2 + 3; the same under a cap that both allow;
+    and through split_items' flops method: 7 layers of 10 FLOPs on 3 stages, at most 30 each; with
+    no parameters every split within that ties, so from the end each stage takes all it may:
+    1 + 3 + 3."""
+    assert _min_max([1] * 5, 2) == (3, [0, 2, 5])
+    assert _min_max([1] * 7, 3) == (3, [0, 2, 4, 7])
+    assert _min_max([1] * 5, 2, cap=([1] * 5, 3)) == (3, [0, 2, 5])
+    items = [PipeItem(TRANSFORMER_ITEM, i + 1, 0, 10) for i in range(7)]
+    assert split_items(items, 3, "flops") == (0, 1, 4, 7)
+    # a cap reached exactly is allowed (<=): 3 items of cap 1 under 2, either 1 + 2 or 2 + 1
+    assert _min_max([1, 1, 1], 2, cap=([1, 1, 1], 2)) == (2, [0, 1, 3])
+    # items of no weight at all (the MoE loss function's parameters): the largest stage holds 0
+    assert _min_max([0, 0, 0], 2) == (0, [0, 1, 3])
+
+
+def test_parameters_method_is_deepspeeds_partition_balanced():
+    """--pp-partition-method parameters (any case) splits the items' parameter counts as DeepSpeed's
+    partition_balanced does: a large embedding, 6 layers, a norm, the tied output copy (no params)."""
+    params = [600, 90, 110, 90, 110, 90, 110, 4, 0]
+    items = [PipeItem(TRANSFORMER_ITEM if 0 < i < 7 else "X", i, p, 1) for i, p in enumerate(params)]
+    for parts in (2, 3, 4):
+        expected = tuple(int(b) for b in partition_balanced(params, parts))
+        assert split_items(items, parts, "Parameters") == expected, parts
