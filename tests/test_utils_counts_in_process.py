@@ -19,6 +19,7 @@ from megatron.model.shape import ConfigError, ModelShape
 L, H, S, V, F = 2, 32, 16, 128, 128
 LAYER = 4 * H * H + 4 * H + 2 * H * F + F + H + 4 * H  # attention + mlp + two LayerNorms = 25,280 / 2
 EXPERT = 2 * H * F + F + H  # one expert MLP: 8,352
+DENSE_SHAPE = dict(num_layers=L, hidden_size=H, num_attention_heads=4, vocab_size=V, seq_length=S)
 
 
 @pytest.fixture(scope="module")
@@ -174,30 +175,33 @@ def _forward_flops_per_token(s, layers=L):
 @pytest.mark.parametrize("curriculum", [None, _Curriculum()])
 def test_cache_parameter_counts_sets_every_name(curriculum):
     from megatron.utils import COUNT_CACHE, cache_parameter_counts
-    shape = ModelShape(num_layers=L, hidden_size=H, num_attention_heads=4, vocab_size=V, seq_length=S)
+    # 4 layers, block recompute of 2: the method and the layer count both change the FLOPs
+    shape = ModelShape(num_layers=4, hidden_size=H, num_attention_heads=4, vocab_size=V, seq_length=S)
     counts = ParameterCounts(_components(word_embeddings=4_000, attention=1_500_000_000, experts=600_000_000),
                              (StageCount(2, 7, 9),), 200_000_000)
-    args = Namespace(model_shape=shape, checkpoint_activations=True, activations_checkpoint_method="uniform",
-                     checkpoint_num_layers=1, curriculum=curriculum)
+    args = Namespace(model_shape=shape, checkpoint_activations=True, activations_checkpoint_method="block",
+                     checkpoint_num_layers=2, curriculum=curriculum)
     assert cache_parameter_counts(args, counts) is args
-    per_token = _forward_flops_per_token(S)
-    # full recompute: the layers' forward once more (not the logits)
-    recomputed = 3 * per_token + _forward_flops_per_token(S, L) - 2 * H * V
+
+    def model_flops(s):  # forward + backward: 3 forwards
+        return s * 3 * _forward_flops_per_token(s, 4)
+
+    def recomputed(s):  # and the forward of layers 1-2 once more (not the logits)
+        return model_flops(s) + s * (_forward_flops_per_token(s, 2) - 2 * H * V)
+
     expected = dict(
         parameter_counts=counts, parameter_components=counts.components, parameter_stages=(StageCount(2, 7, 9),),
         parameters=2_100_004_000, parameters_no_embedding=2_100_000_000,
         parameters_in_billions=2.100004, parameters_in_billions_no_embedding=2.1,
         parameters_active=1_700_004_000, parameters_active_no_embedding=1_700_000_000,
         parameters_active_in_billions=1.700004, parameters_active_in_billions_no_embedding=1.7,
-        flops_per_sample=S * recomputed, model_flops_per_sample=S * 3 * per_token)
+        flops_per_sample=recomputed(S), model_flops_per_sample=model_flops(S))
     lengths = (8, 16) if curriculum else (16,)
-    expected["flops_per_sample_at"] = {s: s * (3 * _forward_flops_per_token(s) + _forward_flops_per_token(s)
-                                               - 2 * H * V) for s in lengths}
-    expected["model_flops_per_sample_at"] = {s: s * 3 * _forward_flops_per_token(s) for s in lengths}
+    expected["flops_per_sample_at"] = {s: recomputed(s) for s in lengths}
+    expected["model_flops_per_sample_at"] = {s: model_flops(s) for s in lengths}
     assert set(expected) == set(COUNT_CACHE)
-    for name, value in expected.items():
-        assert getattr(args, name) == pytest.approx(value) if isinstance(value, float) else \
-            getattr(args, name) == value, name
+    for name, value in expected.items():  # floats too: x / 1e9 rounds once, as the literal does
+        assert getattr(args, name) == value, name
     assert list(args.flops_per_sample_at) == list(lengths)  # sorted
     with pytest.raises(TypeError):  # read-only for the logger
         args.flops_per_sample_at[S] = 0  # type: ignore[index]
@@ -205,7 +209,29 @@ def test_cache_parameter_counts_sets_every_name(curriculum):
         args.model_flops_per_sample_at[S] = 0  # type: ignore[index]
 
 
-DENSE_SHAPE = dict(num_layers=L, hidden_size=H, num_attention_heads=4, vocab_size=V, seq_length=S)
+def test_check_parameter_counts_names_every_difference():
+    from megatron.utils import check_parameter_counts, parameter_count_mismatches
+    shape = ModelShape(**DENSE_SHAPE)
+    # by hand (tiny_config's model): V h, s h, 2 layers of 4h^2 + 4h and 2hf + f + h, 5 LayerNorms of 2h
+    right = ParameterCounts(_components(word_embeddings=4_096, position_embeddings=512, attention=8_448,
+                                        mlp=16_704, layernorm=320), (StageCount(2, 30_080, 30_080),))
+    assert parameter_count_mismatches(right, shape) == []
+    check_parameter_counts(right, shape)  # agrees: nothing raised
+    wrong = ParameterCounts(dict(right.components, attention=8_000, layernorm=300), (StageCount(1, 30_080, 29_612),),
+                            5)
+    problems = ["attention: counted 8,000, formula 8,448", "layernorm: counted 300, formula 320",
+                "per-stage layers parameters: counted [1], formula [2]",
+                "per-stage owned parameters: counted [29612], formula [30080]",
+                "active expert parameters: counted 5, formula 0"]
+    assert parameter_count_mismatches(wrong, shape) == problems
+    with pytest.raises(ConfigError) as error:
+        check_parameter_counts(wrong, shape)
+    assert str(error.value) == (
+        "the built model disagrees with the parameter table (megatron/model/analytic.py): " + "; ".join(problems)
+        + " (num_layers=2 hidden_size=32 num_attention_heads=4 seq_length=16 vocab_size=128 ffn_hidden_size=128 "
+        "max_position_embeddings=16 num_key_value_heads=4 kv_channels=8)")
+    held = ParameterCounts(right.components, (StageCount(2, 30_081, 30_080),))
+    assert parameter_count_mismatches(held, shape) == ["per-stage held parameters: counted [30081], formula [30080]"]
 
 
 def _dense_counts():
@@ -240,7 +266,7 @@ def test_report_options():
     shape = ModelShape(**DENSE_SHAPE)
     layers = S * L * (6 * H * H + 2 * H * H + 4 * H * F + 4 * S * H)  # one forward of the layers
     block = format_parameter_report(_dense_counts(), shape, data_parallel_size=2, checkpoint_activations=True,
-                                    checkpoint_method="block", checkpoint_num_layers=1, sequence_parallel_size=2)
+                                    checkpoint_method="block", sequence_parallel_size=2)
     assert block[2] == ("model parameters (exact): 30,080 total, 25,472 without embeddings "
                         "(TP=1 PP=1 DP=2 SP=2, padded vocab 128)")
     # block, 1 layer of each stage: one of the two layers' forward again
@@ -250,6 +276,11 @@ def test_report_options():
         f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP=2): {flops // 2:,}"]
     uniform = format_parameter_report(_dense_counts(), shape, checkpoint_activations=True, checkpoint_method="uniform")
     assert uniform[-1] == f"FLOPs per sample (model, fwd+bwd, recompute): {2_949_120 + layers:,}"
+    four = ModelShape(**dict(DENSE_SHAPE, num_layers=4))
+    two = format_parameter_report(_dense_counts(), four, checkpoint_activations=True, checkpoint_method="block",
+                                  checkpoint_num_layers=2)
+    flops = S * (3 * _forward_flops_per_token(S, 4) + _forward_flops_per_token(S, 2) - 2 * H * V)
+    assert two[-1] == f"FLOPs per sample (model, fwd+bwd, recompute of the first 2 layer(s) of each stage): {flops:,}"
     given = format_parameter_report(_dense_counts(), shape, data_parallel_size=None, flops=123_456_789,
                                     sequence_parallel_size=1)
     assert given[2].endswith("(TP=1 PP=1, padded vocab 128)") and given[-1] == \
