@@ -92,6 +92,7 @@ def test_dense_counts_equal_a_plain_sum_over_the_built_model(mpu, overrides):
     owned, local, layers = count_local_parameters(model, 1, shape)
     assert (sum(owned.values()), local, layers) == (split, total, L)
     assert list(owned) == list(COMPONENTS)
+    assert all(type(v) is int for v in (*counts.components.values(), *counts.stages[0]))  # int64, not float
 
 
 def test_moe_counts_equal_a_plain_sum_over_the_built_model(mpu):
@@ -122,6 +123,17 @@ def test_moe_counts_of_two_moe_layers_and_top_1(mpu):
     assert counts.components["experts"] == 6 * EXPERT == _by_name(model, "deepspeed_experts")
     assert counts.experts_active == 2 * EXPERT
     assert counts.stages == (StageCount(4, sum(p.numel() for p in model.parameters()), counts.total),)
+    assert all(type(v) is int for v in (*counts.components.values(), *counts.stages[0], counts.experts_active))
+
+
+@pytest.mark.parametrize("num_layers, interval", [(1, 1), (3, 2)])
+def test_moe_counts_of_a_first_or_middle_moe_layer(mpu, num_layers, interval):
+    from megatron.utils import compute_parameter_counts
+    # one MoE layer of 4 experts, top-1: the only layer (1 of 1) or one with a dense layer after it (2 of 3)
+    shape, model = _build(num_layers=num_layers, expert_interval=interval, num_experts=(4,))
+    counts = compute_parameter_counts(model, mpu, shape)
+    assert (counts.components["experts"], counts.experts_active) == (4 * EXPERT, EXPERT)
+    assert counts.stages == (StageCount(num_layers, sum(p.numel() for p in model.parameters()), counts.total),)
 
 
 def test_ownership_rule():
