@@ -39,6 +39,12 @@ def mpu():
     megatron_mpu.initialize_model_parallel(1, 1, 1)
     yield megatron_mpu
     torch.distributed.destroy_process_group()
+    # DeepSpeed caches its expert groups by EP size: forget them with the world they belong to, or
+    # the next world of this process (another module, mutmut's next run) gets the dead ones
+    from deepspeed.utils import groups
+    for cache in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        cache.clear()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -354,3 +360,31 @@ def test_moe_report_lines():
         "expert parameters in all: 50,112",
     ]
     assert format_parameter_report(counts, residual)[4:8] == lines
+
+
+def test_table_entry_name_renames_experts_and_pipe_indices():
+    from megatron.utils import _table_entry_name
+    expert = "mlp.deepspeed_moe.experts.deepspeed_experts."
+    # EP rank holding experts 4-7: local expert 1 is global expert 5
+    assert _table_entry_name(f"language_model.encoder.layers.1.{expert}1.dense_h_to_4h.weight", 4, None) == \
+        f"language_model.encoder.layers.1.{expert}5.dense_h_to_4h.weight"
+    assert _table_entry_name(f"layers.1.{expert}1.dense_h_to_4h.weight", 0, None) == \
+        f"layers.1.{expert}1.dense_h_to_4h.weight"
+    # GPTModelPipe with its MoE loss function at pipe index 4: index 5 and later move back by one
+    assert _table_entry_name(f"12.{expert}3.dense_4h_to_h.bias", 8, 4) == f"11.{expert}11.dense_4h_to_h.bias"
+    assert _table_entry_name("5.final_layernorm.weight", 0, 4) == "4.final_layernorm.weight"
+    assert _table_entry_name("4.input_layernorm.weight", 0, 4) == "4.input_layernorm.weight"
+    assert _table_entry_name("3.self_attention.dense.weight", 2, 4) == "3.self_attention.dense.weight"
+    assert _table_entry_name("tied_modules.embed.word_embeddings.weight", 0, 4) == \
+        "tied_modules.embed.word_embeddings.weight"
+    assert _table_entry_name("5.input_layernorm.weight", 0, None) == "5.input_layernorm.weight"
+
+
+def test_is_moe_model_from_the_flag_or_the_layers(mpu):
+    from megatron.utils import is_moe_model
+    assert not is_moe_model(torch.nn.Linear(2, 2))  # neither the flag nor a layer
+    stage = torch.nn.Linear(2, 2)
+    stage.is_moe = True  # a pipeline stage of an MoE model that holds no MoE layer
+    assert is_moe_model(stage)
+    _, model = _build(num_experts=(2,))
+    assert is_moe_model(torch.nn.Sequential(model))  # no flag, an MoE layer inside
