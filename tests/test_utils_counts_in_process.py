@@ -37,19 +37,25 @@ def mpu():
     disable_deepspeed_shm_comm()
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     megatron_mpu.initialize_model_parallel(1, 1, 1)
+    # an earlier world of this process (pretrain_gpt.main run in-process by a test) may have left its own
+    _forget_deepspeed_expert_groups()
     yield megatron_mpu
     torch.distributed.destroy_process_group()
-    # DeepSpeed caches its expert groups by EP size: forget them with the world they belong to, or
-    # the next world of this process (another module, mutmut's next run) gets the dead ones
-    from deepspeed.utils import groups
-    for cache in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
-                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
-        cache.clear()
+    _forget_deepspeed_expert_groups()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def _forget_deepspeed_expert_groups():
+    """DeepSpeed caches its expert groups by EP size: forget them with the world they belong to, or
+    the next world of this process (another module, mutmut's next run) finds the dead ones."""
+    from deepspeed.utils import groups
+    for cache in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        cache.clear()
 
 
 def _build(**overrides):
@@ -99,6 +105,47 @@ def test_dense_counts_equal_a_plain_sum_over_the_built_model(mpu, overrides):
     assert (sum(owned.values()), local, layers) == (split, total, L)
     assert list(owned) == list(COMPONENTS)
     assert all(type(v) is int for v in (*counts.components.values(), *counts.stages[0]))  # int64, not float
+
+
+def test_moe_counts_equal_a_plain_sum_over_the_built_model(mpu):
+    from megatron.utils import compute_parameter_counts, is_moe_model, moe_parameter_owner
+    # layer 2 is PR-MoE: 4 experts, top-2, a dense MLP and its coefficient next to them
+    shape, model = _build(num_experts=(4,), topk=2, mlp_type="residual")
+    assert is_moe_model(model)
+    owned = moe_parameter_owner(model, mpu)
+    assert all(owned(p) for p in model.parameters())  # one rank owns everything
+    total = sum(p.numel() for p in model.parameters())
+    experts = _by_name(model, "deepspeed_experts")
+    router = _by_name(model, "gate.wg", "coefficient")
+    assert (experts, router) == (4 * EXPERT, 4 * H + 2 * H + 2)
+    components = _components(
+        word_embeddings=V * H, position_embeddings=S * H, attention=_by_name(model, "self_attention"),
+        mlp=_by_name(model, "mlp.dense_h_to_4h", "mlp.dense_4h_to_h"),  # not the experts'
+        layernorm=_by_name(model, "layernorm"), experts=experts, router=router)
+    assert components["mlp"] == 2 * EXPERT and sum(components.values()) == total
+    counts = compute_parameter_counts(model, mpu, shape)
+    # active: top-2 of the layer's 4 equal experts
+    assert counts == ParameterCounts(components, (StageCount(L, total, total),), 2 * EXPERT)
+
+
+def test_moe_counts_of_two_moe_layers_and_top_1(mpu):
+    from megatron.utils import compute_moe_parameter_counts
+    shape, model = _build(num_layers=4, num_experts=(2, 4))  # layers 2 and 4: 2 and 4 experts, top-1
+    counts = compute_moe_parameter_counts(model, mpu, shape)
+    assert counts.components["experts"] == 6 * EXPERT == _by_name(model, "deepspeed_experts")
+    assert counts.experts_active == 2 * EXPERT
+    assert counts.stages == (StageCount(4, sum(p.numel() for p in model.parameters()), counts.total),)
+    assert all(type(v) is int for v in (*counts.components.values(), *counts.stages[0], counts.experts_active))
+
+
+@pytest.mark.parametrize("num_layers, interval", [(1, 1), (3, 2)])
+def test_moe_counts_of_a_first_or_middle_moe_layer(mpu, num_layers, interval):
+    from megatron.utils import compute_parameter_counts
+    # one MoE layer of 4 experts, top-1: the only layer (1 of 1) or one with a dense layer after it (2 of 3)
+    shape, model = _build(num_layers=num_layers, expert_interval=interval, num_experts=(4,))
+    counts = compute_parameter_counts(model, mpu, shape)
+    assert (counts.components["experts"], counts.experts_active) == (4 * EXPERT, EXPERT)
+    assert counts.stages == (StageCount(num_layers, sum(p.numel() for p in model.parameters()), counts.total),)
 
 
 def test_ownership_rule():
