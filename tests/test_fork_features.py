@@ -149,6 +149,46 @@ def test_selective_recompute_and_other_no_effect_flags_are_named():
     assert line({"--recompute-granularity": "full", "--recompute-method": "uniform"}) is None  # full has an effect
 
 
+def _measured_flops(argvs):
+    """FlopCounterMode's count of one forward+backward of the model the trainer builds from each flag
+    list (validated args -> GPTConfig.from_args -> GPTModel), on one micro-batch."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from megatron.arguments import parse_args, validate_args
+    from megatron.model.config import GPTConfig
+    from megatron.model.gpt_model import GPTModel
+    measured = []
+    for argv in argvs:
+        args = validate_args(parse_args(args_list=argv), world_size=1, cuda_available=False)
+        model = GPTModel(GPTConfig.from_args(args), seed=1).train()
+        tokens = torch.randint(0, 600, (args.micro_batch_size, args.seq_length))
+        with FlopCounterMode(display=False) as counter:
+            model(tokens, tokens, torch.ones(tokens.shape)).backward()
+        measured.append(counter.get_total_flops())
+    return measured
+
+
+def test_recompute_spelling_recomputes_in_the_built_model_and_the_printed_flops_are_measured():
+    """Microsoft's --recompute-granularity full --recompute-method M --recompute-num-layers N makes the
+    built model recompute (FlopCounterMode sees one more forward of exactly the recomputed layers,
+    worked by hand), and tools/param_count.py prints FLOPs per sample equal to the measured count."""
+    tool = param_count_module()
+    common = {"--attention-impl": "math", "--hidden-dropout": 0, "--attention-dropout": 0}  # math: matmuls seen
+    spelled = [{}, *({"--recompute-granularity": "full", "--recompute-method": m, "--recompute-num-layers": 1}
+                     for m in ("uniform", "block"))]
+    argvs = [flags({**common, **changes}) for changes in spelled]
+    [measured] = run_distributed(1, _measured_flops, argvs)
+    # BASE: 4 layers, h 64, s 32, micro-batch 2. One layer's forward matmuls per sequence: QKV 6sh^2,
+    # scores and context 2 x 2s^2h, projection 2sh^2, MLP 2 x 2sh(4h) = 24sh^2 + 4s^2h
+    s, h, b = 32, 64, 2
+    layer_forward = 24 * s * h * h + 4 * s * s * h
+    assert [m - measured[0] for m in measured] == [0, b * 4 * layer_forward, b * 1 * layer_forward]
+    for argv, flops in zip(argvs, measured, strict=True):
+        [line] = [ln for ln in tool.report(tool.parse_args(argv)) if ln.startswith("FLOPs per sample")]
+        assert line.endswith(f": {flops // b:,}"), (line, flops)
+
+
 def test_param_count_follows_the_recompute_spelling():
     """Microsoft's rebase/ds_pretrain_gpt_1.3B_megatron_checkpointing.sh passes --recompute-granularity
     full --recompute-method uniform --recompute-num-layers 1: the tool's report (FLOPs with recompute,
