@@ -139,6 +139,14 @@ def count_local_parameters(model: "torch.nn.Module", tp_rank: int,
     return owned, local, layers
 
 
+def _count_buffer(size: int) -> "torch.Tensor":
+    """The int64 zeros the counts are all-reduced in: on this rank's GPU where there is one (nccl
+    reduces CUDA tensors only), on the CPU for gloo."""
+    import torch
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    return torch.zeros(size, dtype=torch.int64, device=device)
+
+
 def compute_parameter_counts(model: "torch.nn.Module", mpu: ModuleType, shape: ModelShape) -> ParameterCounts:
     """The whole model's ParameterCounts, the same on every rank. One collective: an int64
     all-reduce over TP x PP holding the component totals and, per stage, (layers, elements held
@@ -153,8 +161,7 @@ def compute_parameter_counts(model: "torch.nn.Module", mpu: ModuleType, shape: M
     stage, num_stages = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
     owned, local, layers = count_local_parameters(model, tp_rank, shape)
 
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    buf = torch.zeros(len(COMPONENTS) + 3 * num_stages, dtype=torch.int64, device=device)
+    buf = _count_buffer(len(COMPONENTS) + 3 * num_stages)
     buf[:len(COMPONENTS)] = torch.tensor([owned[c] for c in COMPONENTS])
     slot = len(COMPONENTS) + 3 * stage
     if tp_rank == 0:
@@ -243,9 +250,8 @@ def compute_moe_parameter_counts(model: "torch.nn.Module", mpu: ModuleType,
             continue
         owned[component[id(p)]] += _numel(p)
 
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     n = len(COMPONENTS)
-    buf = torch.zeros(n + 3 * num_stages + 3 * num_layers, dtype=torch.int64, device=device)
+    buf = _count_buffer(n + 3 * num_stages + 3 * num_layers)
     buf[:n] = torch.tensor([owned[c] for c in COMPONENTS])
     slot = n + 3 * stage
     if tp_rank == 0 and dp_rank == 0:  # what DeepSpeed's STAGE_PARAMS would say on TP rank 0, EP rank 0

@@ -394,3 +394,117 @@ def test_is_moe_model_from_the_flag_or_the_layers(mpu):
     assert is_moe_model(stage)
     _, model = _build(num_experts=(2,))
     assert is_moe_model(torch.nn.Sequential(model))  # no flag, an MoE layer inside
+
+
+# --- another rank's view: this process as TP rank 1, PP stage 1 of 2 or DP rank 1 -----------------
+# The ranks are the mpu's answers, the all-reduce runs on the real world of one, so each call returns
+# exactly what that rank adds to the sum (the multi-rank tests, test_seed_counts and test_moe, check
+# the sums themselves on real layouts).
+
+def _as_rank(mpu, tp=0, stage=0, stages=1, dp=0):
+    from types import SimpleNamespace
+    return SimpleNamespace(get_tensor_model_parallel_rank=lambda: tp, get_pipeline_model_parallel_rank=lambda: stage,
+                           get_pipeline_model_parallel_world_size=lambda: stages, get_data_parallel_rank=lambda: dp,
+                           get_model_parallel_group=mpu.get_model_parallel_group)
+
+
+def _split(model, *, experts=None):
+    """Elements of the TP-split (tagged) parameters, optionally only the experts' or only the others'."""
+    return sum(p.numel() for name, p in model.named_parameters() if getattr(p, "tensor_model_parallel", False)
+               and (experts is None or ("deepspeed_experts" in name) == experts))
+
+
+def test_dense_contribution_of_another_stage_and_tp_rank(mpu):
+    from megatron.utils import compute_parameter_counts
+    shape, model = _build()
+    total, split = sum(p.numel() for p in model.parameters()), _split(model)
+    # stage 1 of 2, TP rank 0: its slot holds (layers, held, owned); stage 0's slot is another rank's
+    counts = compute_parameter_counts(model, _as_rank(mpu, stage=1, stages=2), shape)
+    assert counts.stages == (StageCount(0, 0, 0), StageCount(L, total, total))
+    assert counts.total == total
+    # stage 0 of 3, TP rank 1: only the split tensors; layers and held elements are TP rank 0's to give
+    counts = compute_parameter_counts(model, _as_rank(mpu, tp=1, stages=3), shape)
+    assert counts.stages == (StageCount(0, 0, split), StageCount(0, 0, 0), StageCount(0, 0, 0))
+    assert counts.total == split
+
+
+@pytest.mark.parametrize("expert_tp", [False, True])
+def test_moe_contribution_of_another_tp_and_dp_rank(mpu, expert_tp):
+    from megatron.utils import compute_parameter_counts, moe_parameter_owner
+    shape, model = _build(num_experts=(4,), topk=2, enable_expert_tensor_parallelism=expert_tp)
+    total = sum(p.numel() for p in model.parameters())
+    experts = 4 * EXPERT
+    assert _by_name(model, "deepspeed_experts") == experts
+    # DP rank 1 (EDP rank 0 in a world of one): the experts only; E and top-k are DP rank 0's to give
+    counts = compute_parameter_counts(model, _as_rank(mpu, dp=1, stage=1, stages=2), shape)
+    assert counts.components == _components(experts=experts)
+    assert counts.stages == (StageCount(0, 0, 0), StageCount(0, 0, experts)) and counts.experts_active == 0
+    # TP rank 1: the dense split tensors and, with expert TP, the experts' split ones (each expert's
+    # h -> 4h weight and bias and 4h -> h weight: 2hF + F, not its replicated bias h); without it,
+    # each TP rank holds whole experts, counted under its own EDP rank
+    expert_share = 4 * (2 * H * F + F) if expert_tp else experts
+    owned = moe_parameter_owner(model, _as_rank(mpu, tp=1))
+    assert sum(p.numel() for p in model.parameters() if owned(p)) == _split(model, experts=False) + expert_share
+    counts = compute_parameter_counts(model, _as_rank(mpu, tp=1), shape)
+    assert counts.total == _split(model, experts=False) + expert_share
+    assert counts.stages == (StageCount(0, 0, counts.total),) and counts.experts_active == 0
+    assert compute_parameter_counts(model, mpu, shape).stages == (StageCount(L, total, total),)
+
+
+def test_moe_pipe_model_names_after_its_moe_loss_item(mpu):
+    """GPTModelPipe with MoE at PP 1 (DeepSpeed's PipelineModule on the world of one): the layers after
+    the weightless moe-loss item sit one pipe index later than the table names them; counted the
+    same as GPTModel's plain sum."""
+    from megatron.model.gpt_model import GPTModelPipe
+    from megatron.model.moe import attach_expert_groups, create_expert_groups
+    from megatron.utils import compute_parameter_counts, match_parameters_to_table
+    config = tiny_config(num_experts=(4,), topk=2)
+    create_expert_groups(config.shape)
+    model = GPTModelPipe(config, topology=mpu.get_topology(), seed=1)
+    attach_expert_groups(model)
+    assert getattr(model, "moe_loss", None) is not None
+    names = {name.split(".")[0] for name, _ in model.named_parameters()}
+    specs = match_parameters_to_table(model, config.shape)
+    assert len(specs) == len(list(model.parameters()))
+    # the final LayerNorm: pipe index L + 2 (embedding 0, layers 1..L, moe loss L + 1), the table's L + 1
+    final = [p for name, p in model.named_parameters() if name.startswith(f"{L + 2}.")]
+    assert [p.numel() for p in final] == [H, H] and all(specs[id(p)].component == "layernorm" for p in final)
+    assert str(L + 1) not in names
+    total = sum(p.numel() for p in model.parameters())
+    counts = compute_parameter_counts(model, mpu, config.shape)
+    assert (counts.total, counts.components["experts"], counts.experts_active) == (total, 4 * EXPERT, 2 * EXPERT)
+
+
+# TP rank r's tensors are the TP 1 model's narrowed along the split dimension; by hand, per name
+TP2_HALVED_DIM = {"word_embeddings.weight": 0, "query_key_value.weight": 0, "query_key_value.bias": 0,
+                  "attention.dense.weight": 1, "dense_h_to_4h.weight": 0, "dense_h_to_4h.bias": 0,
+                  "dense_4h_to_h.weight": 1}
+
+
+def test_match_parameters_to_table_takes_a_tp_rank_slice(mpu):
+    """A TP 2 shape: the TP 1 model's tensors are refused where split, and accepted once the split
+    ones hold a TP rank's half (vocab 256: padded to 128 x TP at TP 1 and 2 alike)."""
+    import dataclasses as dc
+
+    from megatron.utils import match_parameters_to_table
+    shape, model = _build(vocab_size=256)
+    tp2 = dc.replace(shape, tensor_model_parallel_size=2)
+    with pytest.raises(ConfigError, match=r"word_embeddings: the built language_model\.embedding\.word_embeddings\."
+                                          r"weight has shape \(256, 32\), the parameter table \(128, 32\)"):
+        match_parameters_to_table(model, tp2)
+    halved = 0
+    for name, p in model.named_parameters():
+        dim = next((d for suffix, d in TP2_HALVED_DIM.items() if name.endswith(suffix)), None)
+        assert (dim is not None) == getattr(p, "tensor_model_parallel", False), name
+        if dim is not None:
+            p.data = p.data.narrow(dim, 0, p.shape[dim] // 2)
+            halved += 1
+    assert halved == 1 + 6 * L  # the word table; per layer QKV weight and bias, dense, h->4h weight and bias, 4h->h
+    specs = match_parameters_to_table(model, tp2)
+    assert len(specs) == len(list(model.parameters()))
+    # a replicated tensor (a row-parallel bias) holding half, as if split, is refused
+    bias = model.language_model.encoder.layers[0].mlp.dense_4h_to_h.bias
+    bias.data = bias.data[:H // 2]
+    with pytest.raises(ConfigError, match=r"the built language_model\.encoder\.layers\.0\.mlp\.dense_4h_to_h\.bias "
+                                          r"has shape \(16,\), the parameter table \(32,\)"):
+        match_parameters_to_table(model, tp2)
