@@ -83,7 +83,13 @@ def test_flags_unknown_to_the_trainer_named_on_stderr(capsys):
     (["--vocab-file", "pretrain_gpt.py"], "--vocab-file pretrain_gpt.py: not a GPT-2 vocab.json ("),
     (["--vocab-size", "600", "--num-gpus", "3", "--pipeline-model-parallel-size", "2"],
      "--world-size 3 is not divisible by TP x PP = 2"),
+    (["--vocab-size", "600", "--num-gpus", "6", "--ds-sequence-parallel-size", "4"],
+     "--world-size 6 is not divisible by TP x PP x SP = 4"),
     (["--vocab-size", "600", "--fp16", "--bf16"], "--fp16 and --bf16 are exclusive: pick one"),
+    # the ds_config key the flag sets, where DeepSpeed's engine would raise: 16-bit weights at ZeRO 0
+    (["--vocab-size", "600", "--bf16", "--accumulate-allreduce-grads-in-fp32"],
+     "--accumulate-allreduce-grads-in-fp32 with bf16 weights needs ZeRO: DeepSpeed accumulates bf16 gradients in "
+     "fp32 only in its ZeRO / BF16 optimizers (at stage 0 it refuses the mix); use --zero-stage 1"),
     (["--vocab-size", "600", "--num-gpus", "2", "--micro-batch-size", "2", "--global-batch-size", "6"],
      "--global-batch-size 6 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
     # the ramp-up rule that needs the DP size: a start batch of 2 does not split over 4 ranks
@@ -143,6 +149,20 @@ def test_help_names_the_tool_and_its_world_size_flag(capsys):
             "model.") in out
     assert ("--world-size WORLD_SIZE, --num-gpus WORLD_SIZE ranks in the job (default TP x PP x SP: DP = 1); sets "
             "the memory table's data-parallel size") in out
+    assert ("--ds-sequence-parallel-size DS_SEQUENCE_PARALLEL_SIZE DeepSpeed-Ulysses SP ranks per replica: the memory "
+            "table's activations and ZeRO partitions") in out
+
+
+def test_ulysses_flops_per_sp_rank(capsys):
+    """--ds-sequence-parallel-size 2 (an integer, from the command line's text): the report names SP and
+    each SP rank's half of the FLOPs per sample (no recompute: 3 x the layers' forward and the logits)."""
+    lines, err = run(capsys, "--vocab-size", "600", "--ds-sequence-parallel-size", "2", "--num-gpus", "4")
+    assert err == ""
+    per_sample = 3 * 2 * LAYER_FLOPS + 3 * 2 * S * H * 640
+    assert f"FLOPs per sample (model, fwd+bwd): {per_sample:,}" in lines
+    assert f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP=2): {per_sample // 2:,}" in lines
+    assert any("(TP=1 PP=1 SP=2, padded vocab 640)" in line for line in lines)
+    assert any("DP=2 x SP=2 (ZeRO over 4 ranks)" in line for line in lines)
 
 
 def test_abbreviations_are_not_flags(capsys):
