@@ -75,3 +75,22 @@ def test_schedule_lengths_from_each_spelling():
                                   lr_warmup_samples=30)) == ((150, 600), (None, None))
     assert schedule_lengths(flags(train_samples=1000, lr_warmup_tokens=64, lr_decay_tokens=6400)) == \
         ((0, 1000), (64, 6400))
+
+
+def test_curriculum_tokens_in_token_mode_and_their_resume():
+    """A curriculum trains shorter sequences: the trainer passes the tokens it trained, which the
+    token position follows instead of samples x --seq-length; a resume restores that position, and a
+    checkpoint from sample mode (no token position) resumes at samples x tokens per sample."""
+    lr, _ = schedule(decay_samples=8, tokens_per_sample=16, decay_tokens=100)
+    lr.step(2, tokens=2 * 4)        # 2 samples cut to 4 tokens: 8 tokens, not 32
+    assert lr.num_tokens == 8 and lr.get_lr() == 1.0 - 8 / 100
+    lr.step(1)                      # tokens not given: a full sample, 16
+    assert lr.num_tokens == 24
+    resumed, _ = schedule(decay_samples=8, tokens_per_sample=16, decay_tokens=100)
+    resumed.load_state_dict(lr.state_dict())
+    assert (resumed.num_samples, resumed.num_tokens) == (3, 24) and resumed.get_lr() == 1.0 - 24 / 100
+    from_samples, _ = schedule(decay_samples=8)
+    from_samples.step(3)
+    resumed, _ = schedule(decay_samples=8, tokens_per_sample=16, decay_tokens=100)
+    resumed.load_state_dict({**from_samples.state_dict(), "decay_tokens": 100})  # the flags' token decay
+    assert resumed.num_tokens == 3 * 16 and resumed.get_lr() == 1.0 - 48 / 100
