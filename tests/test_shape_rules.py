@@ -181,6 +181,9 @@ def test_describe():
     assert shape(position_embedding_type="none", kv_channels=8, embed_layernorm=True, add_bias_linear=False,
                  untie_embeddings_and_output_weights=True).describe() == (
         "no positions, gelu ffn 256, embed layernorm, layernorm, 4 heads of dim 8, untied, no bias")
+    # Qwen2's --disable-bias-linear --add-qkv-bias: the QKV projection keeps its bias
+    assert shape(add_bias_linear=False, add_qkv_bias=True).describe() == (
+        "learned positions, gelu ffn 256, layernorm, 4 heads, tied, qkv bias only")
     assert shape(position_embedding_type="alibi", num_key_value_heads=2).describe() == (
         "alibi, gelu ffn 256, layernorm, 4 query / 2 kv heads, tied")
     assert gpt2_variant(4, 64) == {
