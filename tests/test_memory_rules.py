@@ -41,6 +41,12 @@ def test_setup_from_the_flags_and_the_ds_config():
     zero3 = SimpleNamespace(**{**vars(plain), "deepspeed_config_dict": {"zero_optimization": {"stage": 3}},
                                "zero_stage": None})
     assert TrainingSetup.from_args(zero3).overlap_comm is True  # DeepSpeed's default at stage 3
+    # Megatron's --sequence-parallel, DeepSpeed-Ulysses' SP size and the fp32 accumulation flag (the
+    # ds_config key it sets, when the ds_config does not name one)
+    long = SimpleNamespace(**{**vars(plain), "sequence_parallel": True, "ds_sequence_parallel_size": 2,
+                              "accumulate_allreduce_grads_in_fp32": True})
+    setup = TrainingSetup.from_args(long)
+    assert (setup.sequence_parallel, setup.sequence_parallel_size, setup.grad_accum_dtype) == (True, 2, "fp32")
 
 
 @pytest.mark.parametrize("kw,wrapper", [
@@ -48,6 +54,11 @@ def test_setup_from_the_flags_and_the_ds_config():
     (dict(zero_stage=3), "zero3"), (dict(precision="bf16"), "bf16"),
     (dict(precision="bf16", pipeline=False), "fp16_unfused"), (dict(precision="fp16"), "fp16_unfused"),
     (dict(precision="fp16", fused_adam=True), "fp16_fused"),
+    # fp32 accumulation of bf16 gradients: DeepSpeed 0.19.8 builds its BF16_Optimizer at stage 1 only
+    (dict(zero_stage=1, precision="bf16", grad_accum_dtype="fp32"), "bf16"),
+    (dict(zero_stage=2, precision="bf16", grad_accum_dtype="fp32"), "zero"),
+    (dict(zero_stage=1, precision="fp16", grad_accum_dtype="fp32"), "zero"),
+    (dict(zero_stage=1, precision="bf16", grad_accum_dtype="bf16"), "zero"),
 ])
 def test_which_optimizer_deepspeed_builds(kw, wrapper):
     assert TrainingSetup(**kw).optimizer_wrapper() == wrapper
