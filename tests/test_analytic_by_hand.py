@@ -325,3 +325,18 @@ def test_moe_mlp_flops_and_the_tied_copys_item():
                        pipeline_model_parallel_size=2)
     assert flops_per_sample(shape, True, "block") == flops_per_sample(shape, True, "block", 1)
     assert flops_per_sample(shape, True, "block") != flops_per_sample(shape, True, "block", 2)
+
+
+def test_qkv_bias_only_and_flops_at_a_curriculum_length_by_hand():
+    """--disable-bias-linear --add-qkv-bias (Qwen2): only the QKV projection has a bias (3h per layer);
+    FLOPs per sample at a shorter trained length s' are the formula's terms at s', worked by hand."""
+    h, layers, v = 64, 2, 256
+    base = dict(num_layers=layers, hidden_size=h, num_attention_heads=4, vocab_size=v, seq_length=32)
+    no_bias = analytic_parameter_counts(ModelShape(**base, add_bias_linear=False)).components["attention"]
+    qkv_bias = analytic_parameter_counts(ModelShape(**base, add_bias_linear=False, add_qkv_bias=True))
+    assert no_bias == layers * 4 * h * h
+    assert qkv_bias.components["attention"] == layers * (4 * h * h + 3 * h)
+    shape = ModelShape(**base)
+    for s in (8, 32):
+        layer = 24 * s * h * h + 4 * s * s * h  # QKV, scores + context, projection, 4h MLP
+        assert flops_per_sample(shape, False, seq_length=s) == 3 * (layers * layer + 2 * s * h * v)
