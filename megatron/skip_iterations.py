@@ -3,7 +3,8 @@ the data behind a loss spike): iterations START..END (1-based, inclusive) train 
 batches are read from the data iterator and dropped, and the iteration number and consumed samples
 advance as if they had trained, so the data and the iteration numbers after a skipped range are
 those of the unskipped run; no forward, backward or optimizer step runs and the LR schedule does
-not advance (as for an fp16 step skipped on overflow). BigScience's loop leaves the iteration
+not advance (as for an fp16 step skipped on overflow). Saves and exit checks run after a skipped
+iteration as after a trained one (megatron/trainer.py). BigScience's loop leaves the iteration
 number where it was and drops a count of batches that depends on where the run resumed; the
 meaning above is the one its help text gives, and Megatron-LM's --iterations-to-skip."""
 from __future__ import annotations

@@ -302,23 +302,25 @@ class Trainer:
         while True:
             if self._schedule_done():
                 return "finished"
-            if self._skip_iteration(announced):
-                continue
-            # the interval time covers training steps only, not evaluation or checkpoint saves
-            timers("interval-time").start()
-            loss, gbs = self.train_step()
-            timers("interval-time").stop()
-            # before anything is logged or saved from this iteration
-            if self.exit.check_for_nan_in_loss_and_grad and self.non_finite(loss):
-                self._report_non_finite(loss)
-                return "non-finite"
-            stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss(), seqlen=self.seqlen)
-            self.measure_memory()  # once, after the first iteration: measured vs predicted memory
-            if self.metrics.should_log(self.progress.iteration):
-                self.log(stats, timers("interval-time").elapsed(), gbs)
-                stats = IntervalStats()
-            if self._should_evaluate():
-                self.validate(f"iteration {self.progress.iteration}")
+            # a skipped iteration (--skip-train-iteration-range) trains, logs and evaluates nothing,
+            # but saves and stops like a trained one: a --save-interval or --exit-interval inside
+            # the range, or a signal that arrives while its batches are read, still takes effect
+            if not self._skip_iteration(announced):
+                # the interval time covers training steps only, not evaluation or checkpoint saves
+                timers("interval-time").start()
+                loss, gbs = self.train_step()
+                timers("interval-time").stop()
+                # before anything is logged or saved from this iteration
+                if self.exit.check_for_nan_in_loss_and_grad and self.non_finite(loss):
+                    self._report_non_finite(loss)
+                    return "non-finite"
+                stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss(), seqlen=self.seqlen)
+                self.measure_memory()  # once, after the first iteration: measured vs predicted memory
+                if self.metrics.should_log(self.progress.iteration):
+                    self.log(stats, timers("interval-time").elapsed(), gbs)
+                    stats = IntervalStats()
+                if self._should_evaluate():
+                    self.validate(f"iteration {self.progress.iteration}")
             if self._should_save():
                 self.save()
             # after the log and the save, as before: a switch that appeared meanwhile stops this iteration

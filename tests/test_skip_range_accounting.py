@@ -1,7 +1,8 @@
 """Token accounting across --skip-train-iteration-range (megatron/skip_iterations.py), worked by
 hand: a skipped iteration reads its batch, so consumed samples and tokens advance by its global
 batch; it computes nothing, so gigaflos (6 N D over trained samples) and the LR schedule do not.
-The batch ramps up meanwhile, so each skipped iteration's batch differs from its neighbours'."""
+The batch ramps up meanwhile, so each skipped iteration's batch differs from its neighbours'.
+A save or exit interval that falls inside a skipped range still saves and stops there."""
 import contextlib
 import io
 
@@ -66,3 +67,24 @@ def test_skipped_iterations_consume_samples_and_tokens_but_no_compute():
         assert (line["consumed samples"], line["consumed tokens"]) == (samples, samples * SEQ), it
         assert line["global batch size"] == BATCHES[it], it
         assert f"{line['learning rate']:.3E}" == f"{lr_after(trained_samples):.3E}", it
+
+
+def test_a_save_and_an_exit_inside_a_skipped_range_take_effect(tmp_path):
+    """--save-interval 2 and --exit-interval 4 with iterations 3-4 skipped (global batch 4, 8
+    iterations): the run saves at 2 and at the skipped 4 and stops after iteration 4, not at the
+    end; the checkpoint of iteration 4 has read 4 x 4 samples. Resumed from it, the run skips
+    nothing more and trains iterations 5 to 8."""
+    from megatron.launch import logged_iterations
+    save = str(tmp_path / "ckpt")
+    run = TINY + ["--global-batch-size", "4", "--train-iters", "8", "--eval-iters", "0", "--save", save,
+                  "--save-interval", "2", "--skip-train-iteration-range", "3-4"]
+    [(progress, out)] = run_distributed(1, _run, run + ["--exit-interval", "4"])
+    assert "exiting program at iteration 4" in out.splitlines()
+    assert sorted(logged_iterations(out)) == [1, 2]
+    assert (progress["iteration"], progress["consumed_train_samples"]) == (4, 16)
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("global_step*")) == ["global_step2", "global_step4"]
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    [(progress, out)] = run_distributed(1, _run, run + ["--load", save])
+    assert not any(line.startswith("skipping iterations") for line in out.splitlines())
+    assert sorted(logged_iterations(out)) == [5, 6, 7, 8]
+    assert (progress["iteration"], progress["consumed_train_samples"]) == (8, 32)
