@@ -154,8 +154,8 @@ class CheckpointManager:
                 problem = str(e)
             else:
                 atexit.register(self._lock.release)
-                for line in [note] + [f"--save {self.config.save}: removed {name}, left by a crashed save"
-                                      for name in remove_stale(self.config.save)]:
+                for line in [note] + [f"--save {self.config.save}: {done}, left by a crashed save"
+                                      for done in remove_stale(self.config.save)]:
                     if line:
                         print_rank_0(line)
         problem = from_rank_0(problem)

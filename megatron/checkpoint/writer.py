@@ -2,7 +2,9 @@
 DIR/global_stepN.partial (a crashed save's leftovers there are removed first); once all have
 written, rank 0 adds our JSON files and the manifest (manifest.py), renames the directory to
 global_stepN in one step and only then moves the trackers. A rank killed at any point leaves the
-previous checkpoint tracked and nothing under a global_stepN name; the next save of that
+previous checkpoint tracked and nothing under a global_stepN name (a re-save of the tracked
+iteration killed between its two renames leaves the tracked copy under global_stepN.replaced<pid>,
+which the restart renames back: remove_stale); the next save of that
 iteration (also on fewer ranks) starts from an empty directory, so no other DP size's files can
 end up beside its own.
 
@@ -65,13 +67,24 @@ def write_iteration(save_dir: str, iteration: int, write_shards: Callable[[str],
 
 
 def remove_stale(save_dir: str) -> list[str]:
-    """Rank 0, holding DIR's lock (no other run writes there): what crashed saves left, removed.
-    Returns their names."""
+    """Rank 0, holding DIR's lock (no other run writes there): what crashed saves left. A
+    global_stepN.replaced<pid> without a global_stepN is the complete checkpoint a crash caught
+    between _replace_dir's two renames (a re-save of one iteration, e.g. a --finetune run saving at
+    the iteration the tracker names): it is renamed back. The rest is removed. Returns what was done,
+    one phrase each."""
     names = sorted(n for n in (os.listdir(save_dir) if os.path.isdir(save_dir) else [])
                    if re.fullmatch(rf"global_step\d+({re.escape(PARTIAL)}|{re.escape(_REPLACED)}\d+)", n))
+    done = []
     for name in names:
-        shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
-    return names
+        path = os.path.join(save_dir, name)
+        final = re.sub(rf"({re.escape(PARTIAL)}|{re.escape(_REPLACED)}\d+)$", "", path)
+        if _REPLACED in name and not os.path.exists(final):
+            os.rename(path, final)
+            done.append(f"restored {os.path.basename(final)} from {name}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            done.append(f"removed {name}")
+    return done
 
 
 def _rank_0_step(step: Callable[[], None]) -> str | None:
