@@ -360,9 +360,10 @@ class Trainer:
 
     def non_finite(self, loss: torch.Tensor) -> bool:
         """--check-for-nan-in-loss-and-grad: whether any rank's loss or the gradient norm of this
-        iteration is not finite (under PP only the last stage has the loss), by one MAX all-reduce of
-        one number. A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is
-        not checked."""
+        iteration is not finite, by one MAX all-reduce of one number: each rank judges the loss it has
+        (the pipeline engine broadcasts the last stage's DP mean; without it each DP rank has its
+        own). A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is not
+        checked."""
         flag = torch.zeros((), dtype=torch.float32, device=loss.device)
         if self.engine.was_step_applied():
             bad = ~torch.isfinite(loss.detach())
