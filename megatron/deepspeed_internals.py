@@ -160,6 +160,13 @@ def basic_optimizer(engine: Any) -> Any:
     return getattr(engine, "basic_optimizer", None) or engine.optimizer
 
 
+def zero3_master_partitions(engine: Any) -> list[torch.Tensor]:
+    """ZeRO 3's fp32 master partitions (empty for other optimizers). Its inner optimizer's param
+    groups hold them only during step() (`_set_fp32_optimizer_param_groups`, cleared after), so
+    after a step they are reachable only here."""
+    return list(getattr(engine.optimizer, "fp32_partitioned_groups_flat", None) or [])
+
+
 def current_loss_scale(engine: Any) -> float | None:
     """The dynamic (or static) loss scale of an fp16 run; None otherwise (bf16 and fp32 runs scale
     nothing, although DeepSpeed's ZeRO optimizer keeps a static 1.0). The engine does not report

@@ -119,3 +119,40 @@ def test_bf16_with_fp32_gradient_accumulation_is_exact(flags):
     for *_, predicted, _ in rows:
         assert predicted["gradients"] == (4 * TOTAL + 2 * TOTAL if "1" in flags else 4 * TOTAL // 2)
         assert predicted["optimizer"] == 3 * 4 * TOTAL // 2 + 2 * 4
+
+
+def test_zero3_bf16_dp2_sub_groups_and_persistent_parameters_are_exact(tmp_path):
+    """ZeRO 3 (DeepSpeedZeroOptimizer_Stage3) at DP 2, with a ds_config that cuts the fp32 state
+    into sub groups of 20,000 elements and keeps parameters of up to 4,096 elements gathered, and
+    by hand. Every tensor has an even size, so each rank's partition is half of every parameter:
+    71,552 elements. Kept gathered besides: the position table (2,048), both dense weights (4,096)
+    and every vector (1,792): 12,032 elements. The matrices' halves in model order -- word 20,480
+    (a sub group), position 1,024 + layer 1's 6,144 + 2,048 + 8,192 + 8,192 = 25,600 (the second),
+    layer 2's 24,576 (the third) -- and the vectors' 896 (the fourth): four fp32 master sub groups
+    with Adam's two moments, and a step each."""
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_micro_batch_size_per_gpu": 2, "train_batch_size": 4, "bf16": {"enabled": true}, '
+                      '"zero_optimization": {"stage": 3, "sub_group_size": 20000, '
+                      '"stage3_param_persistence_threshold": 4096}}')
+    rows = run_distributed(2, first_iteration, ["--global-batch-size", "4", "--bf16", "--zero-stage", "3",
+                                                "--no-pipeline-parallel", "--deepspeed", "--deepspeed_config",
+                                                str(config)])[0]
+    check_exact(rows)
+    half, gathered = TOTAL // 2, S * H + 2 * H * H + L * 13 * H + 2 * H
+    assert (half, gathered) == (71_552, 12_032)
+    for *_, predicted, _ in rows:
+        assert predicted["weights"] == 2 * (half + gathered)
+        assert predicted["gradients"] == 2 * half
+        assert predicted["optimizer"] == 3 * 4 * half + 4 * 4
+
+
+def test_zero3_at_dp1_gathers_nothing():
+    """ZeRO 3 on one rank: DeepSpeed does not gather (the parameter is a view of its partition), so
+    no parameter has a second copy; the fp32 masters are a clone all the same, and the two param
+    groups (matrices, vectors) are a sub group each."""
+    rows = run_distributed(1, first_iteration, ["--global-batch-size", "2", "--bf16", "--zero-stage", "3",
+                                                "--no-pipeline-parallel"])[0]
+    check_exact(rows)
+    [(*_, predicted, _)] = rows
+    assert (predicted["weights"], predicted["gradients"]) == (2 * TOTAL, 2 * TOTAL)
+    assert predicted["optimizer"] == 3 * 4 * TOTAL + 2 * 4

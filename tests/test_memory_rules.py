@@ -20,7 +20,9 @@ from megatron.model.shape import ModelShape
 
 def test_setup_from_the_flags_and_the_ds_config():
     args = SimpleNamespace(
-        deepspeed_config_dict={"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "overlap_comm": True},
+        deepspeed_config_dict={"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "overlap_comm": True,
+                                                     "sub_group_size": 5000,
+                                                     "stage3_param_persistence_threshold": 300},
                                "data_types": {"grad_accum_dtype": "fp32"}},
         zero_stage=None, fp16=False, bf16=True, global_batch_size=24, micro_batch_size=2, data_parallel_size=3,
         no_pipeline_parallel=True, optimizer="sgd", sgd_momentum=0.5, checkpoint_activations=True,
@@ -30,14 +32,16 @@ def test_setup_from_the_flags_and_the_ds_config():
         precision="bf16", zero_stage=2, data_parallel_size=3, micro_batch_size=2, num_micro_batches=4,
         pipeline=False, optimizer="sgd", sgd_momentum=0.5, fused_adam=True, checkpoint_activations=True,
         checkpoint_num_layers=2, checkpoint_method="block", attention_impl="math", hidden_dropout=0.1,
-        attention_dropout=0.2, reduce_bucket_size=1000, overlap_comm=True, grad_accum_dtype="fp32", moe=True)
+        attention_dropout=0.2, reduce_bucket_size=1000, overlap_comm=True, grad_accum_dtype="fp32", moe=True,
+        sub_group_size=5000, param_persistence_threshold=300)
     # the flag's ZeRO stage wins over the ds_config's; no ds_config: DeepSpeed's defaults
     plain = SimpleNamespace(**{**vars(args), "deepspeed_config_dict": None, "zero_stage": 1, "fp16": True,
                                "bf16": False, "global_batch_size": None, "activations_checkpoint_method": None})
     setup = TrainingSetup.from_args(plain)
     assert (setup.precision, setup.zero_stage, setup.num_micro_batches, setup.checkpoint_method,
-            setup.reduce_bucket_size, setup.overlap_comm, setup.grad_accum_dtype, setup.fused_adam) == (
-        "fp16", 1, 1, "uniform", 500_000_000, False, None, False)
+            setup.reduce_bucket_size, setup.overlap_comm, setup.grad_accum_dtype, setup.fused_adam,
+            setup.sub_group_size, setup.param_persistence_threshold) == (
+        "fp16", 1, 1, "uniform", 500_000_000, False, None, False, 1_000_000_000, 100_000)
     zero3 = SimpleNamespace(**{**vars(plain), "deepspeed_config_dict": {"zero_optimization": {"stage": 3}},
                                "zero_stage": None})
     assert TrainingSetup.from_args(zero3).overlap_comm is True  # DeepSpeed's default at stage 3
@@ -112,11 +116,27 @@ def test_bf16_and_zero_flat_partitions_bytes():
     assert acc[1] == (10 + 4) * 4 + 9 * 2  # DP 1: groups padded to multiples of 2
 
 
-def test_zero3_estimate():
+def test_zero3_partitions_persistence_and_sub_groups():
     big, small = HeldParameter(200_001, True, True), HeldParameter(10, False, True)
     setup = TrainingSetup(zero_stage=3, data_parallel_size=4, reduce_bucket_size=7)
     part = 50_001 + 3  # ceil(200001 / 4) + ceil(10 / 4)
-    assert model_state_bytes([big, small], setup) == ((part + 10) * 4, part * 4, part * 4 + part * 8 + 4, 7 * 4)
+    # the small one also whole; fp32 master + Adam's moments of the partitions, a step per param
+    # group (matrices, vectors: one sub group each)
+    assert model_state_bytes([big, small], setup) == ((part + 10) * 4, part * 4, part * 12 + 2 * 4, 7 * 4)
+    # DP 1: nothing is gathered, the small parameter is a view of its partition
+    one = TrainingSetup(zero_stage=3, reduce_bucket_size=7)
+    assert model_state_bytes([big, small], one)[0] == (200_001 + 10) * 4
+    # sub groups of 30,000 elements: whole partitions, a group closed once it reaches the size:
+    # halves at DP 2 of 40,000 | 10,000 + 25,000 | 5,000 -> three sub groups, three steps
+    matrices = [HeldParameter(n, True, True) for n in (80_000, 20_000, 50_000, 10_000)]
+    sub = TrainingSetup(zero_stage=3, data_parallel_size=2, sub_group_size=30_000)
+    assert model_state_bytes(matrices, sub)[2] == 80_000 * 12 + 3 * 4
+    # exactly the size closes a sub group too (DeepSpeed's >=): 30,000 | 10,000 + 25,000 -> two
+    exact = [HeldParameter(n, True, True) for n in (60_000, 20_000, 50_000)]
+    assert model_state_bytes(exact, sub)[2] == 65_000 * 12 + 2 * 4
+    # a sub_group_size not below the group's size: one sub group
+    assert model_state_bytes(exact, TrainingSetup(zero_stage=3, data_parallel_size=2,
+                                                  sub_group_size=65_000))[2] == 65_000 * 12 + 4
 
 
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
@@ -203,6 +223,9 @@ def test_zero3_persistence_threshold_is_inclusive():
     at, above = HeldParameter(100_000, True, True), HeldParameter(100_001, True, True)
     assert model_state_bytes([at], setup)[0] == (25_000 + 100_000) * 4
     assert model_state_bytes([above], setup)[0] == 25_001 * 4  # ceil(100,001 / 4)
+    # the ds_config's threshold
+    lower = TrainingSetup(zero_stage=3, data_parallel_size=4, param_persistence_threshold=99_999)
+    assert model_state_bytes([at], lower)[0] == 25_000 * 4
 
 
 def test_checkpointed_stage_of_one_layer_with_micro_batches_in_flight():

@@ -12,7 +12,7 @@ Which DeepSpeed optimizer runs follows `DeepSpeedEngine._do_optimizer_sanity_che
                         (FP16_Optimizer with a fused Adam)
   ZeRO 1 / 2            DeepSpeedZeroOptimizer (bf16 ZeRO 1 with data_types.grad_accum_dtype fp32,
                         i.e. --accumulate-allreduce-grads-in-fp32: BF16_Optimizer);
-                        ZeRO 3: DeepSpeedZeroOptimizer_Stage3 (an estimate here)
+                        ZeRO 3: DeepSpeedZeroOptimizer_Stage3
 DeepSpeed flattens each param group (ours: weight-decayed matrices, then 1-D biases and norms)
 into one buffer padded to a multiple of 2 x DP elements (`nccl_start_alignment_factor`) and
 gives DP rank d the d-th equal slice of it. With contiguous gradients, ZeRO 1/2 copy the
@@ -45,10 +45,12 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MASTER_BYTES = 4  # fp32 master weights, Adam moments and DeepSpeed's fp32 partitions
 STEP_BYTES = 4    # torch.optim.AdamW's per-parameter `step`: a 0-dim fp32 tensor
 REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's zero_optimization.reduce_bucket_size default
+SUB_GROUP_SIZE = 1_000_000_000    # zero_optimization.sub_group_size default (ZeRO 3)
+PERSISTENCE_THRESHOLD = 100_000   # zero_optimization.stage3_param_persistence_threshold default
 MOE_ACTIVATIONS_NOTE = " (MoE layers counted as dense ones: routing and capacity buffers not included)"
 WRAPPER_NAMES = {"torch": "torch optimizer", "fp16_unfused": "FP16_UnfusedOptimizer", "fp16_fused": "FP16_Optimizer",
                  "bf16": "BF16_Optimizer", "zero": "DeepSpeedZeroOptimizer",
-                 "zero3": "DeepSpeedZeroOptimizer_Stage3, an estimate"}
+                 "zero3": "DeepSpeedZeroOptimizer_Stage3"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class TrainingSetup:
     attention_dropout: float = 0.0
     reduce_bucket_size: int = REDUCE_BUCKET_SIZE
     overlap_comm: bool = False
+    sub_group_size: int = SUB_GROUP_SIZE                 # ZeRO 3: elements per fp32 sub group (one step each)
+    param_persistence_threshold: int = PERSISTENCE_THRESHOLD  # ZeRO 3: parameters this small stay gathered
     grad_accum_dtype: str | None = None  # ds_config data_types.grad_accum_dtype; None: the model dtype
     moe: bool = False                    # an MoE model: DeepSpeed reduces the gradients even at DP = 1
     sequence_parallel: bool = False      # --sequence-parallel at TP > 1 (validation turns it off at TP 1)
@@ -95,6 +99,9 @@ class TrainingSetup:
                    attention_dropout=args.attention_dropout,
                    reduce_bucket_size=int(zero.get("reduce_bucket_size", REDUCE_BUCKET_SIZE)),
                    overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
+                   sub_group_size=int(zero.get("sub_group_size", SUB_GROUP_SIZE)),
+                   param_persistence_threshold=int(zero.get("stage3_param_persistence_threshold",
+                                                            PERSISTENCE_THRESHOLD)),
                    grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype")
                    or ("fp32" if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else None),
                    moe=args.model_shape.is_moe, sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
@@ -217,7 +224,7 @@ def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
                 numel * MASTER_BYTES + sum(_state_bytes(setup, sum(p.numel for p in g), False) for g in groups),
                 numel * MASTER_BYTES)
     if wrapper == "zero3":
-        return _zero3_estimate(params, setup)
+        return _zero3_bytes(groups, setup)
     weights = grads = optimizer = 0
     acc_bytes = DTYPE_BYTES[setup.grad_accum_dtype] if setup.grad_accum_dtype in DTYPE_BYTES else b
     for group in groups:
@@ -242,15 +249,36 @@ def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
     return weights, grads, optimizer, bucket + (full_grads if setup.zero_stage == 1 else 0)
 
 
-def _zero3_estimate(params: Sequence[HeldParameter], setup: TrainingSetup) -> tuple[int, int, int, int]:
-    """ZeRO 3 (an estimate, not checked against a run): every parameter padded to a multiple of
-    DP and partitioned; small parameters (<= 1e5 elements, stage3_param_persistence_threshold)
-    also stay whole on every rank; gradients and fp32 optimizer state partitioned."""
+def _zero3_bytes(groups: Sequence[Sequence[HeldParameter]], setup: TrainingSetup) -> tuple[int, int, int, int]:
+    """ZeRO 3 (DeepSpeedZeroOptimizer_Stage3): every parameter partitioned on its own, its
+    ceil(numel / DP) elements per rank (`ds_tensor`), gradients likewise. A parameter of at most
+    stage3_param_persistence_threshold elements stays gathered after its first use, a whole copy
+    besides its partition -- except at DP 1, where DeepSpeed gathers nothing and the parameter is a
+    view of its partition. Each param group's partitions are cut into sub groups of whole
+    parameters, closed once they reach sub_group_size elements; each sub group has an fp32 master
+    copy (also for fp32 weights: DeepSpeed clones them) and its own Adam state and step."""
     b, dp = setup.model_bytes, setup.weight_holders
-    part = sum(ceil(p.numel / dp) for p in params)
-    persistent = sum(p.numel for p in params if p.numel <= 100_000)
-    return ((part + persistent) * b, part * b,
-            part * MASTER_BYTES + _state_bytes(setup, part), setup.reduce_bucket_size * b)
+    weights = optimizer = 0
+    for group in groups:
+        parts = [ceil(p.numel / dp) for p in group]
+        weights += sum(parts) + (sum(p.numel for p in group if p.numel <= setup.param_persistence_threshold)
+                                 if dp > 1 else 0)
+        optimizer += sum(parts) * MASTER_BYTES + sum(_state_bytes(setup, n) for n in _sub_groups(parts, setup))
+    part = sum(ceil(p.numel / dp) for g in groups for p in g)
+    return weights * b, part * b, optimizer, setup.reduce_bucket_size * b
+
+
+def _sub_groups(parts: list[int], setup: TrainingSetup) -> list[int]:
+    """The element counts of one param group's sub groups (DeepSpeed's _create_fp16_sub_groups)."""
+    if setup.sub_group_size >= sum(parts):
+        return [sum(parts)]
+    sizes, current = [], 0
+    for i, n in enumerate(parts):
+        current += n
+        if current >= setup.sub_group_size or i == len(parts) - 1:
+            sizes.append(current)
+            current = 0
+    return sizes
 
 
 # --- activations (estimate) ------------------------------------------------------------------

@@ -8,7 +8,8 @@ buffer counts the whole buffer, padding included):
               `.grad` and the gradient buffers the DeepSpeed optimizer holds (its attributes
               named *grad*), minus weight storages and 0-dim norms;
   optimizer   after the first iteration: the inner optimizer's parameters that are not weights
-              (fp32 master copies / partitions) and every tensor in its `state`;
+              (fp32 master copies / partitions; ZeRO 3's, which its param groups hold only during
+              step(), from the ZeRO optimizer) and every tensor in its `state`;
   activations on CPU the peak of the bytes autograd saved for backward (saved_tensors_hooks,
               parameters excluded); on CUDA max_memory_allocated over the iteration minus the
               weights, gradients and optimizer state (so it includes transient buffers).
@@ -23,7 +24,12 @@ from typing import Any
 import torch
 
 from megatron import mpu, print_rank_0, print_rank_last
-from megatron.deepspeed_internals import basic_optimizer, call_once_before_step, gradient_holders
+from megatron.deepspeed_internals import (
+    basic_optimizer,
+    call_once_before_step,
+    gradient_holders,
+    zero3_master_partitions,
+)
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.memory import TrainingSetup, format_memory_report, predict_memory
 from megatron.model.shape import ModelShape
@@ -149,7 +155,7 @@ class MemoryProbe:
         if self.saved is not None:
             self.saved.__exit__(None, None, None)
         basic = basic_optimizer(self.engine)
-        tensors = [p for g in basic.param_groups for p in g["params"]]
+        tensors = [p for g in basic.param_groups for p in g["params"]] + zero3_master_partitions(self.engine)
         tensors += [t for state in basic.state.values() for t in _tensors_in(state)]
         # 0-dim tensors count here: AdamW's per-parameter `step`
         seen = {}
