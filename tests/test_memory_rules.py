@@ -131,12 +131,16 @@ def test_zero3_partitions_persistence_and_sub_groups():
     matrices = [HeldParameter(n, True, True) for n in (80_000, 20_000, 50_000, 10_000)]
     sub = TrainingSetup(zero_stage=3, data_parallel_size=2, sub_group_size=30_000)
     assert model_state_bytes(matrices, sub)[2] == 80_000 * 12 + 3 * 4
-    # exactly the size closes a sub group too (DeepSpeed's >=): 30,000 | 10,000 + 25,000 -> two
-    exact = [HeldParameter(n, True, True) for n in (60_000, 20_000, 50_000)]
-    assert model_state_bytes(exact, sub)[2] == 65_000 * 12 + 2 * 4
+    # exactly the size closes a sub group too (DeepSpeed's >=): 30,000 | 40,000 | 5,000 -> three
+    # (closing only above it would give 70,000 | 5,000)
+    exact = [HeldParameter(n, True, True) for n in (60_000, 80_000, 10_000)]
+    assert model_state_bytes(exact, sub)[2] == 75_000 * 12 + 3 * 4
     # a sub_group_size not below the group's size: one sub group
     assert model_state_bytes(exact, TrainingSetup(zero_stage=3, data_parallel_size=2,
-                                                  sub_group_size=65_000))[2] == 65_000 * 12 + 4
+                                                  sub_group_size=75_000))[2] == 75_000 * 12 + 4
+    # DP 2 gathers: the small parameter whole besides its half
+    two = TrainingSetup(zero_stage=3, data_parallel_size=2)
+    assert model_state_bytes([big, small], two)[0] == (100_001 + 5 + 10) * 4
 
 
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),

@@ -269,9 +269,8 @@ def _zero3_bytes(groups: Sequence[Sequence[HeldParameter]], setup: TrainingSetup
 
 
 def _sub_groups(parts: list[int], setup: TrainingSetup) -> list[int]:
-    """The element counts of one param group's sub groups (DeepSpeed's _create_fp16_sub_groups)."""
-    if setup.sub_group_size >= sum(parts):
-        return [sum(parts)]
+    """The element counts of one param group's sub groups (DeepSpeed's _create_fp16_sub_groups;
+    a group of at most sub_group_size elements is one sub group, as the loop gives)."""
     sizes, current = [], 0
     for i, n in enumerate(parts):
         current += n
