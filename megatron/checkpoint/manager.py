@@ -9,6 +9,7 @@ parallel layout, precision); it reads no `args`.
 """
 import atexit
 import contextlib
+import os
 import random
 from typing import Any
 
@@ -239,7 +240,10 @@ class CheckpointManager:
         progress.load_state_dict(saved)
         if "consumed_train_tokens" not in saved:  # written before tokens were counted
             progress.consumed_train_tokens = progress.consumed_train_samples * self.seq_length
-        progress.last_saved_iteration = progress.iteration
+        # saved already only where this run saves: resumed from --load A with --save B, a run that
+        # ends (or exits) at once still writes its iteration into B
+        same_dir = bool(config.save) and os.path.realpath(config.save) == os.path.realpath(load_dir)
+        progress.last_saved_iteration = progress.iteration if same_dir else None
         lr_scheduler.load_state_dict(client_state["lr_scheduler"])
         print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")
         return None if config.no_load_rng else client_state.get("rng_state")
