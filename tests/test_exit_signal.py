@@ -9,7 +9,8 @@
 * a non-finite loss from a real cause (the resumed run with --lr 1e30) stops the run with one line
   naming the iteration and exit code 3, and the checkpoint it resumed from is left byte for byte;
   the same run with --no-check-for-nan-in-loss-and-grad (the path without the check) says which
-  iteration went non-finite first, and trains on."""
+  iteration went non-finite first, and trains on.
+* SIGTERM at one rank of a DeepSpeed-Ulysses replica (SP 2): both save the same iteration."""
 import hashlib
 import json
 import math
@@ -134,6 +135,25 @@ def test_sigterm_at_one_rank_stops_every_rank_after_the_same_iteration(tmp_path,
     assert [ranks[r]["iteration"] for r in (0, 1)] == [2, 2]
     assert _tracked(ckpt) == "2"
     assert _step_losses(ranks[1]) == {it: uninterrupted[it] for it in (1, 2)}
+
+
+def test_sigterm_at_one_ulysses_rank_saves_the_iteration_on_both(tmp_path, monkeypatch):
+    """DeepSpeed-Ulysses, SP 2 (the two ranks hold one replica, each half of every sequence): the
+    signal at rank 1 alone stops both after iteration 2, and the save, which gathers both SP ranks'
+    RNG states, completes: the tracked checkpoint verifies against its manifest."""
+    from megatron.checkpoint.manifest import read_manifest, verify_share
+    ckpt = tmp_path / "ckpt"
+    run = TINY + ["--global-batch-size", 4, "--train-iters", ITERS, "--eval-iters", 0, "--no-pipeline-parallel",
+                  "--ds-sequence-parallel-size", 2, "--exit-signal-handler", "--save", ckpt]
+    proc, ranks = _launch_and_signal(monkeypatch, tmp_path / "run", run, 2,
+                                     lambda paused: os.kill(paused[1]["pid"], signal.SIGTERM))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert ("--exit-signal-handler: another rank received SIGTERM or lost its launcher; "
+            "saving and exiting after iteration 2\n") in proc.stdout
+    assert [ranks[r]["iteration"] for r in (0, 1)] == [2, 2]
+    assert _tracked(ckpt) == "2"
+    step = str(ckpt / "global_step2")
+    assert verify_share(step, read_manifest(step), 0, 1) is None
 
 
 def test_sigterm_to_the_deepspeed_command_alone_saves_and_ends_every_rank(tmp_path):
