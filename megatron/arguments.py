@@ -781,6 +781,7 @@ def _apply_deepspeed_config(args):
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
     args.zero_stage = zero.setdefault("stage", 0)
+    _refuse_offload(zero, where)
     _require(args.zero_stage in (0, 1, 2, 3), f"{where}: zero_optimization.stage {args.zero_stage} does not exist: "
                                               f"use 0, 1, 2 or 3")
     if args.optimizer == "sgd" and args.zero_stage > 0:
@@ -811,6 +812,20 @@ def _apply_deepspeed_config(args):
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)
     args.deepspeed_config_dict = config
+
+
+def _refuse_offload(zero, where):
+    """ZeRO-Offload (optimizer state or parameters in host memory or on NVMe) is refused in one line
+    instead of DeepSpeed's exception at engine build: DeepSpeed runs an offloaded step with its CPU
+    Adam, which this trainer does not build (as --cpu-optimizer, refused too), and the memory table
+    counts device-resident state. The deprecated boolean spellings count as well."""
+    for key in ("offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param"):
+        value = zero.get(key)
+        device = value.get("device", "none") if isinstance(value, dict) else ("cpu" if value else "none")
+        _require(device == "none",
+                 f"{where}: zero_optimization.{key} (device {device}): ZeRO-Offload is not supported by this "
+                 f"trainer (DeepSpeed's CPU Adam is not built here, as for --cpu-optimizer); remove it or set "
+                 f"its device to none")
 
 
 def _take_curriculum(config, where, args):

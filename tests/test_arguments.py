@@ -1,5 +1,6 @@
 """Every invalid flag combination fails early with one line naming the flag and the fix."""
 import json
+import re
 import subprocess
 import sys
 
@@ -90,6 +91,27 @@ def test_ds_config_must_agree_with_flags(tmp_path):
     config.write_text(json.dumps({"fp16": {"enabled": True}}))
     with pytest.raises(ConfigError, match=r"fp16.enabled=True disagrees with --fp16=False"):
         validated(["--deepspeed_config", config])
+
+
+@pytest.mark.parametrize("zero, named", [
+    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "offload_optimizer (device cpu)"),
+    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}, "offload_param (device nvme)"),
+    ({"stage": 2, "cpu_offload": True}, "cpu_offload (device cpu)"),
+    ({"stage": 3, "cpu_offload_param": True}, "cpu_offload_param (device cpu)"),
+])
+def test_zero_offload_is_one_line(tmp_path, zero, named):
+    """DeepSpeed's engine would raise deep inside (ZeRO-Offload with a client optimizer); the
+    sections saying "device": "none" (or false) stay accepted."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": zero}))
+    with pytest.raises(ConfigError, match=rf"ds.json: zero_optimization\.{re.escape(named)}: ZeRO-Offload is not "
+                                          r"supported by this trainer .*remove it or set its device to none$"):
+        validated(["--deepspeed_config", config, "--no-pipeline-parallel"])
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
+                                                        "offload_param": {"device": "none"}}}))
+    assert validated(["--deepspeed_config", config, "--no-pipeline-parallel"]).zero_stage == 3
+    config.write_text(json.dumps({"zero_optimization": {"stage": 2, "cpu_offload": False}}))
+    assert validated(["--deepspeed_config", config, "--no-pipeline-parallel"]).zero_stage == 2
 
 
 def test_cli_error_is_one_line_before_any_heavy_work():
