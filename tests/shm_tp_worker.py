@@ -5,7 +5,8 @@ tests/test_shm_tp_all_reduce.py. `python shm_tp_worker.py MODE`; MODE:
   error    enable the shared-memory path, run an all-reduce, then raise
   kill     enable it, run an all-reduce, print READY and sleep until killed
   chunks   all-reduce tensors of several chunks (odd sizes, fp32 / bf16 / fp16, SUM and MAX) through
-           gloo and through the shared-memory path; print, per case, whether the two are bitwise equal
+           gloo and through the shared-memory path; print, per case, whether the two are bitwise equal;
+           the same for sequence parallelism's dim-0 all-gather and reduce-scatter
 Every mode prints the /dev/shm path the group used (PATH ...) as soon as it exists."""
 import json
 import os
@@ -78,6 +79,52 @@ def _chunk_cases(rank, group):
     return out
 
 
+def _sequence_cases(rank, group):
+    """[(case, chunks, equal to gloo bit for bit, equal to the expected)] of sequence parallelism's
+    dim-0 all-gather (the ranks' inputs one after another) and reduce-scatter (this rank's half of
+    the sum), in fp32 / bf16 / fp16 at the default slot size (several chunks) and a tiny one."""
+    from megatron.mpu import shm_comm
+    tiny = shm_comm.SharedMemoryGroup(group, slot_bytes=1000)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        size = torch.tensor([], dtype=dtype).element_size()
+        for where, numel in (("default", 2 * shm_comm.SLOT_BYTES // size + 12345), ("default", 4097),
+                             ("tiny", 10007)):
+            inputs = []
+            for r in range(2):  # both ranks' inputs ([2 x numel] each), on each rank
+                g = torch.Generator().manual_seed(1000 * r + numel)
+                values = torch.randn(2 * numel, generator=g, dtype=torch.float64)
+                scale = 10.0 ** torch.randint(-4, 5, (2 * numel,), generator=g)
+                inputs.append((values * scale).clamp(-6e4, 6e4).to(dtype))
+            bits = {2: torch.int16, 4: torch.int32}[size]
+            slot = shm_comm.SLOT_BYTES if where == "default" else tiny.slot_bytes
+            # all-gather of this rank's first half
+            x = inputs[rank][:numel].clone()
+            by_gloo, by_shm = torch.empty(2 * numel, dtype=dtype), torch.empty(2 * numel, dtype=dtype)
+            torch.distributed.all_gather_single(by_gloo, x, group=group)
+            if where == "tiny":
+                tiny.all_gather_first_dim(x, by_shm)
+            else:
+                shm_comm.tensor_model_parallel_all_gather(x, by_shm, group)
+            expected = torch.cat([inputs[0][:numel], inputs[1][:numel]])
+            out.append((f"{str(dtype)[6:]} {numel} {where} all-gather", -(-numel // (slot // size)),
+                        bool(torch.equal(by_shm.view(bits), by_gloo.view(bits))),
+                        bool(torch.equal(by_shm.view(bits), expected.view(bits)))))
+            # reduce-scatter of this rank's whole input
+            x = inputs[rank]
+            by_gloo, by_shm = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+            torch.distributed.reduce_scatter_single(by_gloo, x.clone(), group=group)
+            if where == "tiny":
+                tiny.reduce_scatter_first_dim(x, by_shm)
+            else:
+                shm_comm.tensor_model_parallel_reduce_scatter(x, by_shm, group)
+            expected = (inputs[0] + inputs[1])[rank * numel:(rank + 1) * numel]
+            out.append((f"{str(dtype)[6:]} {numel} {where} reduce-scatter", -(-numel // (slot // (2 * size))),
+                        bool(torch.equal(by_shm.view(bits), by_gloo.view(bits))),
+                        bool(torch.equal(by_shm.view(bits), expected.view(bits)))))
+    return out
+
+
 def _rank(rank, port, mode, write_fd):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", DS_ACCELERATOR="cpu")
@@ -104,7 +151,8 @@ def _rank(rank, port, mode, write_fd):
         os.write(write_fd, (json.dumps({"rank": rank, **report}) + "\n").encode())
     elif mode == "chunks":
         cases = _chunk_cases(rank, mpu.get_tensor_model_parallel_group())
-        os.write(write_fd, (json.dumps({"rank": rank, "cases": cases}) + "\n").encode())
+        sequence = _sequence_cases(rank, mpu.get_tensor_model_parallel_group())
+        os.write(write_fd, (json.dumps({"rank": rank, "cases": cases, "sequence": sequence}) + "\n").encode())
     elif mode == "error":
         raise RuntimeError("failing on purpose after the shared-memory set-up")
     elif mode == "kill":

@@ -76,7 +76,8 @@ def test_multi_chunk_all_reduce_is_gloos_bit_for_bit():
     """Tensors larger than a slot go through in chunks: odd sizes ending in a partial chunk, exact
     multiples, a tensor of one chunk after them, and a tiny slot (41 chunks: both buffers reused
     many times), in every dtype a TP all-reduce carries (fp32, bf16; fp16 too, which gloo sums on
-    CPU), for SUM and MAX: the result equals gloo's bit for bit, and the sum of both inputs."""
+    CPU), for SUM and MAX: the result equals gloo's bit for bit, and the sum of both inputs. The
+    same for sequence parallelism's dim-0 all-gather and reduce-scatter."""
     proc = start("chunks")
     out, err = proc.communicate(timeout=300)
     lines = out.splitlines(keepends=True)
@@ -91,5 +92,16 @@ def test_multi_chunk_all_reduce_is_gloos_bit_for_bit():
         assert cases["float32 10007 tiny sum"][0] == 41 and cases["bfloat16 10007 tiny sum"][0] == 21
         assert len(cases) == 3 * 5 * 2
         wrong = [case for case, (_, gloo, summed) in cases.items() if not (gloo and summed)]
+        assert wrong == [], report["rank"]
+        # sequence parallelism's all-gather (chunks of a slot) and reduce-scatter (a chunk carries
+        # the same stretch of both halves: half a slot): the default size's first case takes 3 and
+        # 5 chunks; the tiny slot 41 and 81 in fp32
+        sequence = {case: (chunks, gloo, expected) for case, chunks, gloo, expected in report["sequence"]}
+        assert len(sequence) == 3 * 3 * 2
+        assert sequence["float32 2109497 default all-gather"][0] == 3
+        assert sequence["float32 2109497 default reduce-scatter"][0] == 5
+        assert sequence["float32 10007 tiny all-gather"][0] == 41
+        assert sequence["float32 10007 tiny reduce-scatter"][0] == 81
+        wrong = [case for case, (_, gloo, expected) in sequence.items() if not (gloo and expected)]
         assert wrong == [], report["rank"]
     assert left_over(lines) == []

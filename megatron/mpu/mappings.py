@@ -3,7 +3,8 @@
 Each function is the identity when TP=1, so the TP=1 model runs no collective at all.
 The sequence-parallel ones (--sequence-parallel) cut or join activations [s, b, h] along the
 sequence (dim 0): all_gather_single / reduce_scatter_single on the contiguous tensor are
-exactly a concatenation / a sum-then-split along dim 0.
+exactly a concatenation / a sum-then-split along dim 0 (on CPU at TP 2 through shared memory,
+megatron/mpu/shm_comm.py, as the all-reduces).
 """
 from typing import Any
 
@@ -11,7 +12,11 @@ import torch
 import torch.distributed as dist
 
 from .parallel_state import get_tensor_model_parallel_group, get_tensor_model_parallel_world_size
-from .shm_comm import tensor_model_parallel_all_reduce
+from .shm_comm import (
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+    tensor_model_parallel_reduce_scatter,
+)
 
 
 def _reduce(x: torch.Tensor) -> torch.Tensor:
@@ -49,8 +54,7 @@ def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
         return x
     x = x.contiguous()
     out = torch.empty((world * x.size(0), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_single(out, x, group=get_tensor_model_parallel_group())
-    return out
+    return tensor_model_parallel_all_gather(x, out, get_tensor_model_parallel_group())
 
 
 def _reduce_scatter_first_dim(x: torch.Tensor) -> torch.Tensor:
@@ -60,8 +64,7 @@ def _reduce_scatter_first_dim(x: torch.Tensor) -> torch.Tensor:
         return x
     x = x.contiguous()
     out = torch.empty((divide_sequence(x.size(0), world), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_single(out, x, group=get_tensor_model_parallel_group())
-    return out
+    return tensor_model_parallel_reduce_scatter(x, out, get_tensor_model_parallel_group())
 
 
 def _split_first_dim(x: torch.Tensor) -> torch.Tensor:
