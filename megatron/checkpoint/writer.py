@@ -72,17 +72,17 @@ def remove_stale(save_dir: str) -> list[str]:
     between _replace_dir's two renames (a re-save of one iteration, e.g. a --finetune run saving at
     the iteration the tracker names): it is renamed back. The rest is removed. Returns what was done,
     one phrase each."""
-    names = sorted(n for n in (os.listdir(save_dir) if os.path.isdir(save_dir) else [])
-                   if re.fullmatch(rf"global_step\d+({re.escape(PARTIAL)}|{re.escape(_REPLACED)}\d+)", n))
+    pattern = re.compile(rf"(global_step\d+)({re.escape(PARTIAL)}|{re.escape(_REPLACED)}\d+)")
+    names = sorted(os.listdir(save_dir)) if os.path.isdir(save_dir) else []
+    stale = [m for m in map(pattern.fullmatch, names) if m]
     done = []
-    for name in names:
-        path = os.path.join(save_dir, name)
-        final = re.sub(rf"({re.escape(PARTIAL)}|{re.escape(_REPLACED)}\d+)$", "", path)
-        if _REPLACED in name and not os.path.exists(final):
-            os.rename(path, final)
-            done.append(f"restored {os.path.basename(final)} from {name}")
+    for match in stale:
+        name, final = match.group(0), os.path.join(save_dir, match.group(1))
+        if match.group(2) != PARTIAL and not os.path.exists(final):
+            os.rename(os.path.join(save_dir, name), final)
+            done.append(f"restored {match.group(1)} from {name}")
         else:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
             done.append(f"removed {name}")
     return done
 

@@ -258,14 +258,14 @@ def _zero3_bytes(groups: Sequence[Sequence[HeldParameter]], setup: TrainingSetup
     parameters, closed once they reach sub_group_size elements; each sub group has an fp32 master
     copy (also for fp32 weights: DeepSpeed clones them) and its own Adam state and step."""
     b, dp = setup.model_bytes, setup.weight_holders
-    weights = optimizer = 0
+    partitioned = gathered = optimizer = 0
     for group in groups:
         parts = [ceil(p.numel / dp) for p in group]
-        weights += sum(parts) + (sum(p.numel for p in group if p.numel <= setup.param_persistence_threshold)
-                                 if dp > 1 else 0)
+        partitioned += sum(parts)
+        if dp > 1:
+            gathered += sum(p.numel for p in group if p.numel <= setup.param_persistence_threshold)
         optimizer += sum(parts) * MASTER_BYTES + sum(_state_bytes(setup, n) for n in _sub_groups(parts, setup))
-    part = sum(ceil(p.numel / dp) for g in groups for p in g)
-    return weights * b, part * b, optimizer, setup.reduce_bucket_size * b
+    return (partitioned + gathered) * b, partitioned * b, optimizer, setup.reduce_bucket_size * b
 
 
 def _sub_groups(parts: list[int], setup: TrainingSetup) -> list[int]:

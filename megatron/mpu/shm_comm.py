@@ -142,7 +142,6 @@ class SharedMemoryGroup:
                 torch.maximum(slots[0], slots[1], out=part)
         return x
 
-
     def all_gather_first_dim(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out = the ranks' x one after another, like dist.all_gather_single; x, out contiguous."""
         flat, dest, n = x.view(-1), out.view(-1), x.numel()
@@ -162,19 +161,22 @@ class SharedMemoryGroup:
         chunk = self.slot_bytes // (self.size * x.element_size())
         for start in range(0, n, chunk):
             length = min(chunk, n - start)
-            stretches = torch.stack([flat[r * n + start:r * n + start + length] for r in range(self.size)])
-            buffer = self._exchange(stretches.view(-1))
+            buffer = self._exchange(*(flat[r * n + start:r * n + start + length] for r in range(self.size)))
             mine = [self._slot(buffer, r, x.dtype, self.size * length)[self.rank * length:(self.rank + 1) * length]
                     for r in range(self.size)]
             torch.add(mine[0], mine[1], out=dest[start:start + length])
         return out
 
-    def _exchange(self, part: torch.Tensor) -> int:
-        """Copies `part` into this rank's slot of the next buffer and waits for every rank's; returns
-        the buffer."""
+    def _exchange(self, *parts: torch.Tensor) -> int:
+        """Copies `parts`, one after another, into this rank's slot of the next buffer and waits for
+        every rank's; returns the buffer."""
         self.seq += 1
         buffer = self.seq % 2
-        self._slot(buffer, self.rank, part.dtype, part.numel()).copy_(part)
+        offset = 0
+        slot = self._slot(buffer, self.rank, parts[0].dtype, sum(p.numel() for p in parts))
+        for part in parts:
+            slot[offset:offset + part.numel()].copy_(part)
+            offset += part.numel()
         self._publish(self.seq)
         self._wait(self.seq)
         return buffer
