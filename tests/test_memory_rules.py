@@ -141,6 +141,8 @@ def test_zero3_partitions_persistence_and_sub_groups():
     # DP 2 gathers: the small parameter whole besides its half
     two = TrainingSetup(zero_stage=3, data_parallel_size=2)
     assert model_state_bytes([big, small], two)[0] == (100_001 + 5 + 10) * 4
+    # small parameters in both param groups: halves 3 + 2, both whole as well (6 + 3)
+    assert model_state_bytes([HeldParameter(6, True, True), HeldParameter(3, False, True)], two)[0] == (5 + 9) * 4
 
 
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
