@@ -6,17 +6,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.arguments import ConfigError
 from megatron.model.config import GPTConfig
 from megatron.model.gpt_model import GPTModel, GPTModelPipe
 from megatron.model.moe import create_expert_groups
+from megatron.runtime.refusal import ConfigError
 
 # a run stopped by --check-for-nan-in-loss-and-grad (2: a configuration error; 0: finished or saved and exited)
 NON_FINITE_EXIT_CODE = 3
 
 if TYPE_CHECKING:
-    from megatron.trainer import TrainerHooks
-    from megatron.training_state import TrainingProgress
+    from megatron.schedules.progress import TrainingProgress
+    from megatron.training.trainer import TrainerHooks
 
 
 def model_provider(args: Namespace) -> GPTModel | GPTModelPipe:
@@ -81,15 +81,15 @@ def main(args_list: list[str] | None = None,
                         args_list=args_list, hooks=hooks)
     except ConfigError as e:
         # one line naming the flag and the fix, instead of a stack trace from deep inside; once per
-        # job (global rank 0), every rank exiting with code 2 (megatron/refusal.py)
-        from megatron.refusal import exit_refused
+        # job (global rank 0), every rank exiting with code 2 (megatron/runtime/refusal.py)
+        from megatron.runtime.refusal import exit_refused
         exit_refused("pretrain_gpt.py", str(e))
     except NonFiniteLoss:  # its one line is out (rank 0); nothing was saved at that iteration
         sys.exit(NON_FINITE_EXIT_CODE)
 
 
 if __name__ == "__main__":
-    from megatron.process_exit import exit_after_success
+    from megatron.runtime.process_exit import exit_after_success
     try:
         main()
     except SystemExit as e:  # the NaN stop's code, also past teardown; any other exit as before

@@ -1,6 +1,6 @@
 from setuptools import find_packages, setup
 
-# The DeepSpeed releases the suite ran on. megatron/deepspeed_internals.py reaches into DeepSpeed's
+# The DeepSpeed releases the suite ran on. megatron/runtime/deepspeed_internals.py reaches into DeepSpeed's
 # internals, which change between releases: outside this range it prints one warning line at startup.
 DEEPSPEED_TESTED = ">=0.19,<0.20"
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import common
 
-from megatron.launch import logged_iterations, run_deepspeed
+from tests.support.launch import logged_iterations, run_deepspeed
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 BEFORE = ["--pp-partition-method", "type:transformer", "--no-shm-tp-all-reduce"]

@@ -48,7 +48,7 @@ def _allreduce_rank(rank: int, port: int, n: int, result: "mp.Queue") -> None:
 
 def two_rank_allreduce_seconds(n: int = 2000) -> float:
     """Seconds per MAX all-reduce of four floats between two gloo processes on this host."""
-    from megatron.launch import free_port
+    from tests.support.launch import free_port
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
     port = free_port()

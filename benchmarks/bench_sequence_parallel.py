@@ -22,7 +22,7 @@ import sys
 
 import common
 
-from megatron.launch import logged_iterations, run_deepspeed
+from tests.support.launch import logged_iterations, run_deepspeed
 
 
 def launch(a: argparse.Namespace, micro_batches: int, sequence_parallel: bool) -> float:

@@ -17,7 +17,7 @@ import sys
 
 import common
 
-from megatron.launch import logged_iterations, run_deepspeed
+from tests.support.launch import logged_iterations, run_deepspeed
 
 # "   rank | stage | tp | dp | weights | gradients | optimizer | activations", each "predicted/measured"
 MEMORY_ROW = re.compile(r"^\s+0 \|\s+0 \|\s+0 \|\s+0 \| (.+)$", re.M)

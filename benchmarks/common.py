@@ -50,8 +50,8 @@ class Trainer:
 
     def __init__(self, flags: list[str]) -> None:
         import pretrain_gpt
-        from megatron.initialize import initialize_megatron
         from megatron.training import Trainer as OurTrainer
+        from megatron.training.initialize import initialize_megatron
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         with contextlib.redirect_stdout(io.StringIO()):  # the startup report, not a result
@@ -120,7 +120,7 @@ class PlainTrainer:
         padded = pad_vocab_size(vocab, 128, 1)
         torch.manual_seed(1234)
         self.model = PlainGPT(layers, hidden, heads, seq, padded).train()
-        # the trainer's groups (megatron/optimizer.py): biases and LayerNorm gains are not decayed
+        # the trainer's groups (megatron/training/optimizer.py): biases and LayerNorm gains are not decayed
         decay = [p for p in self.model.parameters() if p.ndim > 1]
         no_decay = [p for p in self.model.parameters() if p.ndim <= 1]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},

@@ -25,7 +25,7 @@ JOBS="${MUTATION_JOBS:-1}"
 # cannot see (nor time) the ranks that run_distributed / deepspeed launches start.
 declare -A MODULES=(
   [mfu]="megatron/metrics/mfu.py|tests/test_mfu.py tests/test_mfu_peak_resolution.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
-  [learning_rates]="megatron/learning_rates.py|tests/test_learning_rates.py tests/test_lr_schedule_edges.py"
+  [learning_rates]="megatron/schedules/learning_rates.py|tests/test_learning_rates.py tests/test_lr_schedule_edges.py"
   [param_count]="tools/param_count.py|tests/test_param_count_main.py"
   [training_log]="megatron/metrics/training_log.py|tests/test_claims_logging.py tests/test_log_line_optional_fields.py tests/test_log_event_files.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
   [memory]="megatron/metrics/memory.py|tests/test_memory_rules.py tests/test_memory_report.py tests/test_memory_sequence_parallel.py tests/test_breakdowns_by_hand.py::test_memory_rows_by_hand_fp32_zero0 tests/test_breakdowns_by_hand.py::test_memory_rows_by_hand_bf16_zero1_dp2"

@@ -158,7 +158,7 @@ def suspects(trainer: common.Trainer, a: argparse.Namespace) -> list[tuple[str, 
                  "vs skipping it", 1, *ab(engine._exec_reduce_grads, lambda: None)))
     hook = next(iter(engine.optimizer._optimizer_step_pre_hooks.values()))
     params = [p for group in engine.optimizer.param_groups for p in group["params"]]
-    rows.append(("our clipping hook (megatron/optimizer.py) vs torch.nn.utils.clip_grad_norm_", 1,
+    rows.append(("our clipping hook (megatron/training/optimizer.py) vs torch.nn.utils.clip_grad_norm_", 1,
                  *ab(lambda: hook(engine.optimizer, (), {}), lambda: torch.nn.utils.clip_grad_norm_(params, 1.0))))
 
     vocab = trainer.args.padded_vocab_size
@@ -213,7 +213,7 @@ def main() -> None:
                        [(n, f"{phases['ours'].get(n, 0):.1f}",
                          f"{phases['plain'][n]:.1f}" if n in phases["plain"] else "-") for n in names]))
     print("(median of steps alternating ours / plain; plain's forward includes the loss, its optimizer step "
-          "is clip_grad_norm_ + AdamW; ours clips in megatron/optimizer.py's pre-step hook)\n")
+          "is clip_grad_norm_ + AdamW; ours clips in megatron/training/optimizer.py's pre-step hook)\n")
 
     profiles = alternate(a.steps, {"ours": lambda: op_profile(ours), "plain": lambda: op_profile(plain)})
     (ours_ops, ours_sites), (plain_ops, _) = mean_profile(profiles["ours"]), mean_profile(profiles["plain"])

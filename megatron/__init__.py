@@ -30,4 +30,4 @@ def print_rank_last(message: str) -> None:
         _print_line(message)
 
 
-from .global_vars import get_args, get_timers, get_tokenizer  # noqa: E402,F401
+from .runtime.global_vars import get_args, get_timers, get_tokenizer  # noqa: E402,F401

@@ -77,7 +77,7 @@ def match_parameters_to_table(model: "torch.nn.Module", shape: ModelShape) -> di
     from deepspeed.pipe import PipelineModule
 
     from megatron.model.analytic import table_entry
-    from megatron.model.shape import ConfigError
+    from megatron.runtime.refusal import ConfigError
 
     pipeline = isinstance(model, PipelineModule)
     tp = shape.tensor_model_parallel_size
@@ -198,7 +198,7 @@ def is_moe_model(model: "torch.nn.Module") -> bool:
 def moe_parameter_owner(model: "torch.nn.Module",
                         mpu: ModuleType) -> "Callable[[torch.Tensor], bool] | None":
     """owned(param) for an MoE model on this rank (the rule above); None for a dense model."""
-    from megatron.deepspeed_internals import expert_data_parallel_rank, is_expert_parameter
+    from megatron.runtime.deepspeed_internals import expert_data_parallel_rank, is_expert_parameter
 
     if not is_moe_model(model):
         return None
@@ -275,7 +275,7 @@ def compute_moe_parameter_counts(model: "torch.nn.Module", mpu: ModuleType,
 
 
 # what cache_parameter_counts writes: the only names written onto args after initialize_megatron
-# (megatron/run_config.py: FrozenArgs refuses any other)
+# (megatron/config/run_config.py: FrozenArgs refuses any other)
 COUNT_CACHE = ("parameter_counts", "parameter_components", "parameter_stages", "parameters", "parameters_no_embedding",
                "parameters_in_billions", "parameters_in_billions_no_embedding", "parameters_active",
                "parameters_active_no_embedding", "parameters_active_in_billions",
@@ -305,7 +305,7 @@ def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespac
                                              args.activations_checkpoint_method, args.checkpoint_num_layers)
     args.model_flops_per_sample = flops_per_sample(args.model_shape, checkpoint_activations=False)
     # the same per trained sequence length: --seq-length and every length of a curriculum
-    # (megatron/curriculum.py); the logger looks up the lengths its iterations trained at
+    # (megatron/schedules/curriculum.py); the logger looks up the lengths its iterations trained at
     curriculum = getattr(args, "curriculum", None)
     lengths = sorted({args.model_shape.seq_length, *(curriculum.seqlens() if curriculum else ())})
     args.flops_per_sample_at = MappingProxyType({s: flops_per_sample(
@@ -320,7 +320,7 @@ def check_parameter_counts(measured: ParameterCounts, shape: ModelShape) -> None
     """Stops the run (ConfigError, one line) when the built model's counts differ from the
     parameter table's in any component or stage: the FLOPs, memory and export that follow from
     the table would describe another model than the one being trained."""
-    from megatron.model.shape import ConfigError
+    from megatron.runtime.refusal import ConfigError
     problems = parameter_count_mismatches(measured, shape)
     if problems:
         raise ConfigError(f"the built model disagrees with the parameter table (megatron/model/analytic.py): "

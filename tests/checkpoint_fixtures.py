@@ -4,12 +4,11 @@ from argparse import Namespace
 
 from megatron.checkpoint.config import CheckpointConfig
 from megatron.checkpoint.manager import CheckpointManager
-from megatron.run_config import ParallelLayout, Precision
+from megatron.runtime.parallel_layout import ParallelLayout
 
 
 def checkpoint_manager(args: Namespace, rank: int = 0) -> CheckpointManager:
     """`args` validated, with the model shape complete (the tokenizer's vocab in it)."""
     if getattr(args, "rank", None) is None:
         args.rank = rank
-    return CheckpointManager(CheckpointConfig.from_args(args), args.model_shape, ParallelLayout.from_args(args),
-                             Precision.from_args(args), args.zero_stage, args.seq_length)
+    return CheckpointManager(CheckpointConfig.from_args(args, ParallelLayout.from_args(args)))

@@ -17,7 +17,7 @@ def entry_point(monkeypatch, capsys):
     import torch
 
     import pretrain_gpt
-    from megatron.launch import free_port
+    from tests.support.launch import free_port
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):

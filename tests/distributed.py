@@ -6,7 +6,7 @@ import traceback
 
 import torch
 
-from megatron.launch import free_port, preloaded_context
+from tests.support.launch import free_port, preloaded_context
 
 
 def _worker(rank, world_size, port, tp, pp, sp, fn, args, queue, env):
@@ -19,7 +19,7 @@ def _worker(rank, world_size, port, tp, pp, sp, fn, args, queue, env):
         import torch
 
         from megatron import mpu
-        from megatron.initialize import disable_deepspeed_shm_comm
+        from megatron.training.initialize import disable_deepspeed_shm_comm
         torch.set_num_threads(1)
         disable_deepspeed_shm_comm()
         deepspeed.init_distributed(dist_backend="gloo", verbose=False)
@@ -35,7 +35,7 @@ def _worker(rank, world_size, port, tp, pp, sp, fn, args, queue, env):
 def run_distributed(world_size, fn, *args, tp=1, pp=1, sp=1, timeout=300):
     """fn(*args) runs on every rank (sp: DeepSpeed-Ulysses' sequence-parallel size); returns
     [result of rank 0, rank 1, ...]. The workers are forked from a server that has imported torch,
-    DeepSpeed and the trainer once (megatron.launch.preloaded_context), not fresh interpreters that
+    DeepSpeed and the trainer once (tests.support.launch.preloaded_context), not fresh interpreters that
     import them (~6 s of CPU each), and see this process's environment as it is now, as spawned ones would."""
     ctx = preloaded_context()
     queue = ctx.Queue()

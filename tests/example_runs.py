@@ -2,7 +2,7 @@
 import os
 import subprocess
 
-from megatron.launch import ROOT, free_port
+from tests.support.launch import ROOT, free_port
 
 
 def run_example(script, tmp_path, *flags, **env):

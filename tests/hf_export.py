@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from megatron.launch import ROOT
+from tests.support.launch import ROOT
 
 CONVERTER = os.path.join(ROOT, "tools", "convert_checkpoint_to_hf.py")
 

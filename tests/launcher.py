@@ -2,7 +2,7 @@
 import json
 import os
 
-from megatron.launch import ROOT, logged_iterations, run_deepspeed
+from tests.support.launch import ROOT, logged_iterations, run_deepspeed
 
 DRIVER = os.path.join(ROOT, "tests", "pretrain_driver.py")
 

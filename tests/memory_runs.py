@@ -24,16 +24,20 @@ def first_iteration_and_loss(flags):
     import torch.distributed as dist
 
     import pretrain_gpt
-    from megatron import initialize, mpu
-    from megatron.arguments import parse_args, validate_args
-    from megatron.global_vars import set_args
-    from megatron.training import Trainer
+    from megatron import mpu
+    from megatron.config.arguments import parse_args
+    from megatron.config.run_config import RunConfig, freeze_args
+    from megatron.config.validation import validate_args
+    from megatron.runtime.global_vars import set_args
+    from megatron.runtime.parallel_layout import ParallelLayout
+    from megatron.training import Trainer, initialize
 
     args = parse_args(args_list=FLAGS + flags)
     validate_args(args, world_size=dist.get_world_size(), cuda_available=False)
     args.rank = dist.get_rank()
     set_args(args)
-    initialize._build_tokenizer(args)
+    resume = initialize._build_tokenizer(args)
+    args = freeze_args(args, RunConfig.from_args(args, ParallelLayout.from_args(args), resume))
     trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)
     # one stream of micro-batches whatever the layout: an iteration's global batch is the next
     # dp x m of them, DP rank d reading its m in a row (one rank reads them all, in order)

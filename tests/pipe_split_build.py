@@ -10,7 +10,7 @@ import sys
 import deepspeed  # noqa: F401  (imported once, before the forks)
 import torch  # noqa: F401
 
-from megatron.launch import free_port
+from tests.support.launch import free_port
 
 
 def _rank(rank, world, port, fields, write_fd):
@@ -20,7 +20,7 @@ def _rank(rank, world, port, fields, write_fd):
     from model_fixtures import tiny_config
 
     from megatron import mpu
-    from megatron.initialize import disable_deepspeed_shm_comm
+    from megatron.training.initialize import disable_deepspeed_shm_comm
     torch.set_num_threads(1)
     disable_deepspeed_shm_comm()
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)

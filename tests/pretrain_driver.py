@@ -68,7 +68,7 @@ _spy(torch.nn.Module, "named_parameters", "parameter_walks_in_log")
 
 
 class Recorder(TrainerHooks):
-    """Records through the Trainer's documented hooks (megatron/trainer.py, TrainerHooks)."""
+    """Records through the Trainer's documented hooks (megatron/training/trainer.py, TrainerHooks)."""
 
     def on_parameter_counts(self, trainer, counts):
         state["count_calls"] += 1
@@ -198,5 +198,5 @@ def main():
 if __name__ == "__main__":
     main()
     # as pretrain_gpt.py's own entry point: a finished run ends without interpreter teardown
-    from megatron.process_exit import exit_after_success
+    from megatron.runtime.process_exit import exit_after_success
     exit_after_success()

@@ -16,7 +16,7 @@ import time
 import deepspeed  # noqa: F401  (imported before the forks)
 import torch
 
-from megatron.launch import free_port
+from tests.support.launch import free_port
 
 
 def _train(steps=3):
@@ -129,8 +129,8 @@ def _rank(rank, port, mode, write_fd):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2", DS_ACCELERATOR="cpu")
     from megatron import mpu
-    from megatron.initialize import disable_deepspeed_shm_comm
     from megatron.mpu import shm_comm
+    from megatron.training.initialize import disable_deepspeed_shm_comm
     torch.set_num_threads(1)
     disable_deepspeed_shm_comm()
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)

@@ -7,7 +7,9 @@ import sys
 import pytest
 from validated_args import BASE, validated
 
-from megatron.arguments import ConfigError, parse_args, validate_args
+from megatron.config.arguments import parse_args
+from megatron.config.validation import validate_args
+from megatron.runtime.refusal import ConfigError
 
 
 def test_seed_launch_script_flags_parse(tmp_path):
@@ -134,8 +136,9 @@ def test_optimizer_adamw_is_megatrons_adam_with_decoupled_weight_decay():
     it by ~lr: 0.999); biases are not decayed."""
     import torch
 
-    from megatron.optimizer import build_optimizer
-    from megatron.run_config import OptimizerSettings, Precision
+    from megatron.config.run_config import OptimizerSettings
+    from megatron.runtime.precision import Precision
+    from megatron.training.optimizer import build_optimizer
     args = validated(["--optimizer", "adamw", "--weight-decay", "0.1", "--bf16"])  # bf16: DeepSpeed clips
     assert args.optimizer == "adam"
     model = torch.nn.Linear(3, 2)

@@ -28,7 +28,7 @@ import pytest
 from checkpoint_copies import checkpoint_at, digest
 from launcher import TINY, launch, losses
 
-from megatron.launch import ROOT, free_port
+from tests.support.launch import ROOT, free_port
 
 BF16 = TINY + ["--bf16", "--zero-stage", "1", "--global-batch-size", "4", "--train-iters", "6"]
 BF16_TOL = 2e-3  # as test_resume_anywhere.py

@@ -18,8 +18,6 @@ import os
 import pytest
 from checkpoint_fixtures import checkpoint_manager
 
-from megatron.arguments import parse_args, validate_args
-from megatron.atomic_write import AtomicFile, write_atomic
 from megatron.checkpoint.layout import (
     CheckpointLayout,
     read_layout,
@@ -30,7 +28,10 @@ from megatron.checkpoint.layout import (
     write_model_info,
     write_tracker,
 )
-from megatron.model.shape import ConfigError
+from megatron.config.arguments import parse_args
+from megatron.config.validation import validate_args
+from megatron.runtime.atomic_write import AtomicFile, write_atomic
+from megatron.runtime.refusal import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILES = os.path.join(HERE, "data", "checkpoint_files")

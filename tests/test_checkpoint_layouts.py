@@ -130,7 +130,7 @@ def test_reshard_refuses_a_parameter_the_table_lacks(original, tmp_path):
     """A saved parameter the parameter table has no entry for (in a layer file, or among the
     optimizer's parameter names) is refused in one line naming it, before anything is merged."""
     from megatron.checkpoint.reshard import Checkpoint
-    from megatron.model.shape import ConfigError
+    from megatron.runtime.refusal import ConfigError
     broken = checkpoint_at(original["ckpt"], 2, str(tmp_path / "extra"))
     layer_file = os.path.join(broken, "global_step2", "layer_01-model_00-model_states.pt")
     weights = torch.load(layer_file, weights_only=True)

@@ -160,11 +160,12 @@ def _save_while_rank1_stalls(save_dir):
     from model_fixtures import tiny_config
 
     from megatron import mpu
-    from megatron.arguments import parse_args, validate_args
     from megatron.checkpoint.layout import TRACKER
-    from megatron.learning_rates import AnnealingLR
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
     from megatron.model.gpt_model import GPTModelPipe
-    from megatron.training_state import TrainingProgress
+    from megatron.schedules.learning_rates import AnnealingLR
+    from megatron.schedules.progress import TrainingProgress
 
     config = tiny_config(pipeline_model_parallel_size=2)
     model = GPTModelPipe(config, topology=mpu.get_topology())

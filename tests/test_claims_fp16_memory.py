@@ -39,7 +39,7 @@ def _build_wrappers():
     for name, wrapper in (("fp16_unfused", FP16_UnfusedOptimizer), ("fp16_fused", FP16_Optimizer)):
         model = GPTModel(tiny_config(), seed=SEED).half()
         params = list(model.parameters())
-        # the trainer's two groups: matrices decayed, biases and norms not (megatron/optimizer.py)
+        # the trainer's two groups: matrices decayed, biases and norms not (megatron/training/optimizer.py)
         groups = [{"params": [p for p in params if p.ndim > 1], "weight_decay": 0.01},
                   {"params": [p for p in params if p.ndim == 1], "weight_decay": 0.0}]
         optimizer = wrapper(torch.optim.AdamW(groups, lr=1e-3), static_loss_scale=1.0)

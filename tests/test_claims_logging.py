@@ -93,8 +93,8 @@ def test_metrics_owns_its_writer_and_decides_when_to_log(tmp_path):
 
 def test_evaluation_is_the_mean_over_eval_iters():
     """Three batches with losses 1, 2 and 6: mean 3; 3 batches of the current global batch 8 read."""
-    from megatron.run_config import EvaluationSettings
-    from megatron.trainer import Trainer
+    from megatron.config.run_config import EvaluationSettings
+    from megatron.training.trainer import Trainer
 
     class Engine:
         def __init__(self):

@@ -1,7 +1,7 @@
 """The run's length and the ramp-up's batch sizes, worked out by hand (torch-free, in-process)."""
 from types import SimpleNamespace
 
-from megatron.microbatches import NumMicroBatchesCalculator, run_length
+from megatron.schedules.microbatches import NumMicroBatchesCalculator, run_length
 
 
 def _args(**changes):

@@ -11,7 +11,7 @@ import sys
 
 from launcher import TINY
 
-from megatron.launch import ROOT, logged_iterations, run_deepspeed
+from tests.support.launch import ROOT, logged_iterations, run_deepspeed
 
 ITERS = 3
 RUN = TINY + ["--global-batch-size", 4, "--train-iters", ITERS, "--eval-iters", 0, "--tensorboard-queue-size", 1000]
@@ -42,7 +42,7 @@ def test_exit_runs_the_exit_handlers_and_flushes_but_skips_teardown():
     (logging's flush, a library's clean-up) happen; the interpreter's teardown (here a destructor
     that would change the exit code) does not."""
     code = ("import atexit, sys\n"
-            "from megatron.process_exit import exit_after_success\n"
+            "from megatron.runtime.process_exit import exit_after_success\n"
             "atexit.register(lambda: print('exit handler ran'))\n"
             "class Teardown:\n"
             "    def __del__(self):\n"

@@ -13,9 +13,9 @@ from distributed import run_distributed
 from launcher import TINY, launch
 from validated_args import validated
 
-from megatron.arguments import ConfigError
-from megatron.curriculum import CurriculumSchedule, parse_curriculum, truncate_sample_batch
-from megatron.launch import logged_iterations
+from megatron.runtime.refusal import ConfigError
+from megatron.schedules.curriculum import CurriculumSchedule, parse_curriculum, truncate_sample_batch
+from tests.support.launch import logged_iterations
 
 LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 32,
           "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}
@@ -160,8 +160,8 @@ def _no_pipeline_steps(config_path):
     """Three iterations of the Trainer on DeepSpeed's plain engine (--no-pipeline-parallel) with a
     token-based LR schedule: what the model was fed, the tokens counted and the LR reached."""
     import pretrain_gpt
-    from megatron.initialize import initialize_megatron
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     args = initialize_megatron(args_list=[str(f) for f in TINY + [
         "--no-pipeline-parallel", "--global-batch-size", 4, "--train-iters", 3, "--deepspeed_config", config_path,

@@ -6,9 +6,9 @@ import pytest
 from flag_runs import MERGES, VOCAB
 from validated_args import BASE, validated
 
-from megatron.arguments import ConfigError
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+from megatron.runtime.refusal import ConfigError
 
 REAL = [a for a in BASE if a not in ("--mock-data", "--vocab-size", "600")] + ["--vocab-file", VOCAB,
                                                                                   "--merge-file", MERGES]

@@ -1,4 +1,4 @@
-"""DeepSpeed's internals stay in megatron/deepspeed_internals.py, and the startup check names an
+"""DeepSpeed's internals stay in megatron/runtime/deepspeed_internals.py, and the startup check names an
 untested DeepSpeed release.
 
 The scan reads the source (ast) of megatron/, tools/ and pretrain_gpt.py and reports, per file:
@@ -22,7 +22,7 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-THE_MODULE = "megatron/deepspeed_internals.py"
+THE_MODULE = "megatron/runtime/deepspeed_internals.py"
 
 # DeepSpeed's documented API: deepspeed.initialize / init_distributed / add_config_arguments (and
 # the engine they return), the pipeline specs, activation checkpointing, the accelerator, the
@@ -199,7 +199,7 @@ def scan(trees, ours=None):
 def test_deepspeed_internals_only_in_their_module():
     found = scan(_parsed())
     unexpected, gone = sorted(found - ALLOWED), sorted(ALLOWED - found)
-    assert not unexpected, ("DeepSpeed internals outside megatron/deepspeed_internals.py (move them there, "
+    assert not unexpected, ("DeepSpeed internals outside megatron/runtime/deepspeed_internals.py (move them there, "
                             f"with a comment saying why the public API does not suffice): {unexpected}")
     assert not gone, f"no longer found, remove from ALLOWED: {gone}"
 
@@ -218,8 +218,8 @@ def test_deepspeed_internals_only_in_their_module():
     ("    from deepspeed import runtime", "import deepspeed.runtime"),
 ])
 def test_scan_catches_a_new_site_in_training(line, what):
-    """The scan fails on a site added to megatron/trainer.py (the training loop) (what a reviewer would add)."""
-    path = "megatron/trainer.py"
+    """The scan fails on a site added to megatron/training/trainer.py (the training loop; what a reviewer would add)."""
+    path = "megatron/training/trainer.py"
     source = (ROOT / path).read_text() + f"\n\ndef _added(engine, steps):\n{line}\n"
     assert (path, what) in scan({path: ast.parse(source)}, ours=_our_names_in_the_tree()) - ALLOWED
 
@@ -246,7 +246,7 @@ def _tested_range_from_setup():
 def test_version_line_outside_the_tested_range(capsys):
     import deepspeed
 
-    from megatron.deepspeed_internals import check_deepspeed_version
+    from megatron.runtime.deepspeed_internals import check_deepspeed_version
     tested = _tested_range_from_setup()
     # 0.19.8 is the release the suite runs on today (written by hand, so a range that excludes it fails)
     assert tested.contains("0.19.8")

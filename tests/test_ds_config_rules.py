@@ -17,8 +17,8 @@ FLAGS = ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--
 
 def _one_step(config_path, zero_stage):
     import pretrain_gpt
-    from megatron.initialize import initialize_megatron
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     args = initialize_megatron(args_list=[str(f) for f in FLAGS + ["--deepspeed_config", config_path,
                                                                     "--zero-stage", zero_stage]])

@@ -14,7 +14,7 @@ def _decide(cases, kill_cases, tmp):
 
     import torch.distributed as dist
 
-    from megatron.run_config import ExitSettings
+    from megatron.config.run_config import ExitSettings
     from megatron.training import exit_signals
     rank = dist.get_rank()
     settings = ExitSettings(exit_interval=None, exit_duration_in_mins=1, kill_switch_path=None)

@@ -26,8 +26,8 @@ import time
 import pytest
 from launcher import TINY, launch, losses
 
-from megatron.exit_signal import SIGNALS, ExitSignalHandler
-from megatron.launch import ROOT, free_port, logged_iterations
+from megatron.training.exit_signal import SIGNALS, ExitSignalHandler
+from tests.support.launch import ROOT, free_port, logged_iterations
 
 ITERS = 6
 RUN = TINY + ["--global-batch-size", 4, "--train-iters", ITERS, "--eval-iters", 0,
@@ -251,7 +251,7 @@ def test_a_rank_whose_parent_exits_asks_for_the_exit(tmp_path):
     """A process whose parent is killed (SIGKILL: no chance to pass anything on) sees it within
     the watch interval and asks for the exit, naming the parent."""
     child = ("import os, sys, time\n"
-             "from megatron.exit_signal import ExitSignalHandler\n"
+             "from megatron.training.exit_signal import ExitSignalHandler\n"
              "h = ExitSignalHandler().install()\n"
              "print(os.getpid(), flush=True)\n"
              "deadline = time.monotonic() + 60\n"

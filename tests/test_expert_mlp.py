@@ -24,7 +24,8 @@ def plain_mlp(x, kind, w_in, b_in, w_out, b_out):
 
 
 def _flags(extra):
-    from megatron.arguments import parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
     base = ["--num-layers", 2, "--hidden-size", H, "--num-attention-heads", 4, "--seq-length", 16,
             "--micro-batch-size", 2, "--train-iters", 1, "--lr", "1e-3", "--mock-data", "--vocab-size", 128,
             "--hidden-dropout", 0, "--attention-dropout", 0, "--no-pipeline-parallel"]

@@ -215,7 +215,9 @@ def test_hf_tokenizer_types_sizes_and_param_count_without_torch(hf_tokenizer_dir
     (["--tokenizer-model", "x.model"], "--tokenizer-model needs --tokenizer-type"),
 ])
 def test_bad_tokenizer_flags_are_one_line_in_trainer_tool_and_preprocess(flags, message, tmp_path, capsys):
-    from megatron.arguments import ConfigError, parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
+    from megatron.runtime.refusal import ConfigError
     base = [str(f) for f in MODEL + TRAIN] + ["--data-path", str(tmp_path / "x")]
     with pytest.raises(ConfigError) as e:
         validate_args(parse_args(args_list=base + flags), world_size=1, cuda_available=False)
@@ -280,7 +282,8 @@ def test_resume_keeps_the_saved_padded_vocab_unless_pad_vocab_size_to_says_other
     from argparse import Namespace
 
     from megatron.checkpoint.resume import _keep_padded_vocab
-    from megatron.model.shape import ConfigError, ModelShape
+    from megatron.model.shape import ModelShape
+    from megatron.runtime.refusal import ConfigError
     shape = ModelShape(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=300,
                        make_vocab_size_divisible_by=64, pad_vocab_size_to=320, tensor_model_parallel_size=2)
     with pytest.raises(ConfigError, match="padded to 384, this run's --pad-vocab-size-to is 320; pass "

@@ -8,7 +8,7 @@ import os
 import pytest
 from flag_runs import MERGES, REAL_DATA, SAMPLES, check_one_line, flags
 
-# Written out by hand (not generated from megatron/arguments.py's rule tuples, so a flag dropped
+# Written out by hand (not generated from megatron/config/arguments.py's rule tuples, so a flag dropped
 # from those tuples fails here): a bad value of each size, count, interval and fraction flag, and
 # the error line it must give. Integer flags echo "0", float flags "0.0".
 _TIED = {"--train-samples": SAMPLES, "--lr-decay-samples": SAMPLES, "--lr-warmup-samples": SAMPLES}
@@ -167,7 +167,7 @@ def test_readme_flag_table_lists_every_flag():
     "accepted, no effect" row)."""
     import re
 
-    from megatron.arguments import build_parser
+    from megatron.config.arguments import build_parser
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
         readme = f.read()
     table = readme[readme.index("| group | flags |"):readme.index("The ds_config and the flags must agree")]

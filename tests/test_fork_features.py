@@ -1,4 +1,4 @@
-"""The remaining flags of the forks' published GPT scripts (megatron/fork_features.py): features this
+"""The remaining flags of the forks' published GPT scripts (megatron/config/fork_features.py): features this
 trainer does not have end in one line naming the flag, from the whole published lists and from a
 hand-written table; Megatron-LM's --recompute-* spellings are --checkpoint-activations (trainer and
 tools/param_count.py); --log-params-norm and --log-num-zeros-in-grad report the model's own numbers,
@@ -28,7 +28,9 @@ NOT_SUPPORTED = "is not supported by this trainer; drop the flag"
     ("bigscience_tr14_2B7_mup", f"--mup: muP parametrization (BigScience tr14) {NOT_SUPPORTED}"),
 ])
 def test_published_script_with_a_missing_feature_is_one_line(name, line):
-    from megatron.arguments import ConfigError, parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
+    from megatron.runtime.refusal import ConfigError
     argv = load(os.path.join(PUBLISHED, name + ".txt"))
     with pytest.raises(ConfigError) as refused:
         validate_args(parse_args(args_list=argv), world_size=64, cuda_available=True)
@@ -108,7 +110,8 @@ def test_refusal_is_one_line(changes, line, entry_point):
 # --- --recompute-granularity full --recompute-method M = --activations-checkpoint-method M -------
 
 def _validated(changes):
-    from megatron.arguments import parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
     return validate_args(parse_args(args_list=flags(changes)), world_size=1, cuda_available=False)
 
 
@@ -136,8 +139,9 @@ def test_checkpoint_activations_wins_over_recompute_as_in_the_fork():
 
 
 def test_selective_recompute_and_other_no_effect_flags_are_named():
-    from megatron.arguments import parse_args, validate_args
-    from megatron.script_flags import no_effect_line
+    from megatron.config.arguments import parse_args
+    from megatron.config.script_flags import no_effect_line
+    from megatron.config.validation import validate_args
 
     def line(changes):
         args = validate_args(parse_args(args_list=flags(changes)), world_size=1, cuda_available=False)
@@ -145,7 +149,7 @@ def test_selective_recompute_and_other_no_effect_flags_are_named():
     assert line({"--recompute-granularity": "selective", "--timing-log-level": 2, "--no-load-lr-state": None,
                  "--dataloader-type": "single", "--no-data-sharding": None, "--transformer-impl": "local"}) == (
         "accepted, no effect: --recompute-granularity, --timing-log-level, --no-load-lr-state, --dataloader-type, "
-        "--no-data-sharding, --transformer-impl (README.md, 'Flags accepted with no effect', says why)")
+        "--no-data-sharding, --transformer-impl (docs/flags.md, 'Flags accepted with no effect', says why)")
     assert line({"--recompute-granularity": "full", "--recompute-method": "uniform"}) is None  # full has an effect
 
 
@@ -155,7 +159,8 @@ def _measured_flops(argvs):
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from megatron.arguments import parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
     from megatron.model.config import GPTConfig
     from megatron.model.gpt_model import GPTModel
     measured = []
@@ -218,8 +223,8 @@ def _one_logged_iteration(tensorboard_dir):
     import torch
 
     import pretrain_gpt
-    from megatron.initialize import initialize_megatron
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -244,14 +249,14 @@ def _one_logged_iteration(tensorboard_dir):
 def test_params_norm_and_zeros_in_grad_are_the_models(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     [run] = run_distributed(1, _one_logged_iteration, str(tmp_path / "tb"))
     assert run["stop"] == "finished"
     logged = logged_iterations(run["out"])[1]
     assert run["zeros"] > 0
     assert logged["num zeros"] == run["zeros"]
     assert logged["params norm"] == pytest.approx(run["norm"], abs=1e-3)  # printed with 3 decimals
-    assert "accepted, no effect: --timing-log-level (README.md, 'Flags accepted with no effect', says why)" \
+    assert "accepted, no effect: --timing-log-level (docs/flags.md, 'Flags accepted with no effect', says why)" \
         in run["out"].splitlines()
     # the fork's TensorBoard tags: iteration 1, 2 samples, 64 tokens
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
@@ -265,11 +270,11 @@ def test_params_norm_and_zeros_in_grad_are_the_models(tmp_path):
 # where a flag of NO_EFFECT may be read: its validation (a refused value) and the data path's format check
 READ_ONLY_TO_VALIDATE = {"data_impl": {"pretrain_gpt.py", "megatron/data/gpt_dataset.py",
                                        "megatron/data/weighted_split_paths.py", "megatron/data/indexed_dataset.py"},
-                         "dataloader_type": {"megatron/fork_features.py"},
-                         "data_sharding": {"megatron/fork_features.py"},
-                         "transformer_impl": {"megatron/fork_features.py"},
-                         "recompute_activations": {"megatron/fork_features.py"},
-                         "recompute_granularity": {"megatron/fork_features.py"}}
+                         "dataloader_type": {"megatron/config/fork_features.py"},
+                         "data_sharding": {"megatron/config/fork_features.py"},
+                         "transformer_impl": {"megatron/config/fork_features.py"},
+                         "recompute_activations": {"megatron/config/fork_features.py"},
+                         "recompute_granularity": {"megatron/config/fork_features.py"}}
 
 
 def test_no_flag_listed_as_no_effect_is_read_by_the_trainer():
@@ -279,8 +284,8 @@ def test_no_flag_listed_as_no_effect_is_read_by_the_trainer():
     import re
     from pathlib import Path
 
-    from megatron.arguments import build_parser
-    from megatron.script_flags import NO_EFFECT
+    from megatron.config.arguments import build_parser
+    from megatron.config.script_flags import NO_EFFECT
     root = Path(__file__).resolve().parents[1]
     files = [*root.glob("megatron/**/*.py"), root / "pretrain_gpt.py"]
     sources = {str(p.relative_to(root)): p.read_text() for p in files
@@ -344,7 +349,7 @@ def test_accumulate_allreduce_grads_in_fp32_is_the_ds_config_key_deepspeed_reads
     import torch
     from deepspeed.runtime.config import DeepSpeedConfig, DtypeEnum
 
-    from megatron.arguments import ConfigError
+    from megatron.runtime.refusal import ConfigError
     for changes in ({"--bf16": None, "--zero-stage": 1}, {"--zero-stage": 0}):
         config = _validated({"--accumulate-allreduce-grads-in-fp32": None, **changes}).deepspeed_config_dict
         assert config["data_types"] == {"grad_accum_dtype": "fp32"}

@@ -36,7 +36,7 @@ def _fp16_engine(global_batch_size, *extra):
 
     import pretrain_gpt
     from megatron import mpu
-    from megatron.initialize import initialize_megatron
+    from megatron.training.initialize import initialize_megatron
     get_accelerator().is_fp16_supported = lambda: True  # the engine's dtype check only (see the docstring)
     with contextlib.redirect_stdout(io.StringIO()):
         args = initialize_megatron(args_list=ARGV + ["--global-batch-size", str(global_batch_size), *extra])
@@ -66,8 +66,8 @@ def _source(save_dir):
     """DP=2: 6 fp16 steps, then the trainer's save."""
     from megatron import mpu
     from megatron.checkpoint.manager import CheckpointManager
-    from megatron.learning_rates import AnnealingLR
-    from megatron.training_state import TrainingProgress
+    from megatron.schedules.learning_rates import AnnealingLR
+    from megatron.schedules.progress import TrainingProgress
     args, engine = _fp16_engine(4, "--save", save_dir)
     g = torch.Generator().manual_seed(mpu.get_data_parallel_rank())
     applied = []

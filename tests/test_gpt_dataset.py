@@ -314,7 +314,8 @@ def test_data_cache_path_holds_the_index_caches(corpus, tmp_path):
     import shutil
 
     import pretrain_gpt
-    from megatron.arguments import parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
     data, cache, beside = tmp_path / "data", tmp_path / "cache", tmp_path / "beside"
     for where in (data, beside):
         where.mkdir()

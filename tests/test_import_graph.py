@@ -136,3 +136,46 @@ def test_no_test_module_imports_another():
                             else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 found += [f"{name}: {module}" for module in imported if module.split(".")[-1].startswith("test_")]
     assert not found, found
+
+
+# The floors of megatron/'s packages (docs/design.md): a package imports only packages on lower
+# floors. megatron/utils.py, the home of the parameter count, is a floor of its own.
+FLOORS = {"runtime": 0, "mpu": 1, "data": 1, "tokenizer": 1, "schedules": 1, "model": 2, "utils": 3,
+          "metrics": 4, "checkpoint": 5, "config": 6, "training": 7}
+
+
+def upward_arrows(graph: dict[str, set[str]], floors: dict[str, int]) -> list[str]:
+    """'a.x -> b.y' for every import from a package into one on the same or a higher floor; a
+    package missing from `floors` is reported too."""
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None  # the root package re-exports only
+    found = []
+    for module, targets in sorted(graph.items()):
+        source = package(module)
+        for target in sorted(targets):
+            dest = package(target)
+            if source is None or dest is None or dest == source:
+                continue
+            if source not in floors or dest not in floors or floors[dest] >= floors[source]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_megatron_packages_keep_their_floors():
+    graph = import_graph(ROOT, "megatron")
+    packages = {m.split(".")[1] for m in graph if m.count(".") >= 1}
+    assert packages == set(FLOORS), "place a new package of megatron/ on a floor (FLOORS)"
+    assert upward_arrows(graph, FLOORS) == []
+
+
+def test_the_floors_check_sees_an_arrow_up(tmp_path):
+    files = {"pkg/__init__.py": "", "pkg/low/__init__.py": "", "pkg/low/a.py": "from pkg.high import b\n",
+             "pkg/high/__init__.py": "", "pkg/high/b.py": "x = 1\n", "pkg/high/c.py": "from pkg.low import a\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(str(tmp_path), "pkg")
+    assert upward_arrows(graph, {"low": 0, "high": 1}) == ["pkg.low.a -> pkg.high", "pkg.low.a -> pkg.high.b"]
+    assert upward_arrows(graph, {"low": 0}) == ["pkg.high.c -> pkg.low", "pkg.high.c -> pkg.low.a",
+                                                "pkg.low.a -> pkg.high", "pkg.low.a -> pkg.high.b"]

@@ -1,4 +1,4 @@
-"""megatron/launch.py's run_deepspeed starts the ranks itself, without DeepSpeed's launcher process:
+"""tests/support/launch.py's run_deepspeed starts the ranks itself, without DeepSpeed's launcher process:
 each rank must see exactly what DeepSpeed's per-node launcher (what `deepspeed --num_gpus N` execs)
 gives it, and a failing rank must end the launch with its exit code, as there."""
 import base64
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron.launch import ROOT, free_port, run_deepspeed
+from tests.support.launch import ROOT, free_port, run_deepspeed
 
 PROBE = os.path.join("tests", "launch_probe.py")
 FLAGS = ["--num-layers", "2", "--seq-length", "32"]

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from megatron.learning_rates import AnnealingLR
+from megatron.schedules.learning_rates import AnnealingLR
 
 
 class _Optimizer:
@@ -63,7 +63,7 @@ def test_resume_with_another_schedule_needs_a_choice():
     """Both forks: a checkpoint's schedule that differs from the flags' stops the load, unless
     --override-opt_param-scheduler (the flags win) or --use-checkpoint-opt_param-scheduler (the
     checkpoint wins); the position (samples consumed) comes from the checkpoint either way."""
-    from megatron.model.shape import ConfigError
+    from megatron.runtime.refusal import ConfigError
     saved = _token_schedule(100, 900)
     saved.step(50)
     state = saved.state_dict()

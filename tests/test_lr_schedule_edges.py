@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.learning_rates import AnnealingLR, schedule_lengths
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
+from megatron.schedules.learning_rates import AnnealingLR, schedule_lengths
 
 
 def schedule(**kw):

@@ -68,7 +68,9 @@ def test_formula_uses_model_flops_without_recompute():
 
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_non_positive_peak_is_a_one_line_error_naming_the_flag(value):
-    from megatron.arguments import ConfigError, parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
+    from megatron.runtime.refusal import ConfigError
     flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
              "--micro-batch-size", "2", "--lr", "1e-3", "--mock-data", "--vocab-size", "600", "--train-iters", "2",
              "--peak-tflops", value]

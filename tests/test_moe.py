@@ -12,7 +12,8 @@ from megatron.model.analytic import (
     flops_per_sample,
     parameter_table,
 )
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=32)
 BATCH = 2
@@ -62,7 +63,7 @@ AUX_COEFF = 0.7
 
 
 def _aux_loss_gradients(cases):
-    """Per case: an MoE model's gradient under the engine's aux-loss scale (megatron/engine.py sets
+    """Per case: an MoE model's gradient under the engine's aux-loss scale (megatron/training/engine.py sets
     it around a training batch), and the reference, written out here: the same weights with
     --moe-loss-coeff 0 give the lm loss's gradient, and DeepSpeed's own l_aux of each MoE layer
     (MOELayer.l_aux) gives coeff x l_aux's, both scaled as DeepSpeed scales the loss."""
@@ -226,7 +227,8 @@ def test_bad_moe_shapes(overrides, flag):
 
 
 def _validated(extra, world_size):
-    from megatron.arguments import parse_args, validate_args
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
     base = ["--num-layers", 2, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 32,
             "--micro-batch-size", 2, "--train-iters", 10, "--lr", "1e-3", "--mock-data", "--vocab-size", 600,
             "--num-experts", 4]

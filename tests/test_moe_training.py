@@ -16,9 +16,9 @@ RNG whose position differs per engine. The experts are Mixtral-style SwiGLU MLPs
 import pytest
 from launcher import TINY, launch
 
-from megatron.launch import logged_iterations
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
+from tests.support.launch import logged_iterations
 
 ITERS, RESUME_AT = 6, 3
 MOE = ["--swiglu", "--disable-bias-linear", "--num-experts", 4, "--topk", 2, "--expert-interval", 2,
@@ -129,7 +129,7 @@ def test_export_refuses_an_moe_checkpoint_in_one_line(runs, tmp_path):
     import subprocess
     import sys
 
-    from megatron.launch import ROOT
+    from tests.support.launch import ROOT
     proc = subprocess.run([sys.executable, "tools/convert_checkpoint_to_hf.py", "--load", str(runs["tp2_pp2_ckpt"]),
                            "--output", str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""

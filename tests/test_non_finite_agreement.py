@@ -30,7 +30,7 @@ class _Answers:
 def _decide(cases):
     import torch
 
-    from megatron.trainer import Trainer
+    from megatron.training.trainer import Trainer
     rank = torch.distributed.get_rank()
     decided = []
     for case in cases:

@@ -95,7 +95,7 @@ def test_the_tools_list_of_deepspeeds_flags_is_deepspeeds():
      "param_count.py: error: --rampup-batch-size: start batch 32 exceeds --global-batch-size 16"),
 ])
 def test_bad_input_is_one_line_with_the_trainers_rules(flags, message):
-    """The trainer's checks (megatron.arguments.validate_flag_values / validate_rampup, ModelShape)."""
+    """The trainer's checks (megatron.config.validation.validate_flag_values / validate_rampup, ModelShape)."""
     proc = subprocess.run([sys.executable, "tools/param_count.py", "--num-layers", "2", "--hidden-size", "64",
                            "--num-attention-heads", "4", "--seq-length", "32", *map(str, flags)],
                           capture_output=True, text=True, timeout=60)

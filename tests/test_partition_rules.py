@@ -18,7 +18,8 @@ from megatron.model.partition import (
     describe_stage,
     split_items,
 )
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 
 def test_uniform_and_balanced_are_deepspeeds():

@@ -28,7 +28,7 @@ def _pipeline_step():
 
     from megatron import mpu
     from megatron.model.gpt_model import GPTModelPipe
-    from megatron.optimizer import install_gradient_clipping
+    from megatron.training.optimizer import install_gradient_clipping
     config = tiny_config(num_layers=3, vocab_size=VOCAB, pp_partition_method="flops")
     model = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
     initial = {k: v.clone() for k, v in model.state_dict().items()}

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from megatron.model.analytic import layers_per_stage, stage_parts
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(HERE)

@@ -32,7 +32,7 @@ from distributed import run_distributed
 from published_scripts import HERE, load
 
 # The scripts that train in fp16 (MoE, rope, checkpointing, Ulysses): fp16 needs CUDA and stops a
-# CPU run with one line (megatron/arguments.py), so their tiny versions train in fp32. bf16 stays.
+# CPU run with one line (megatron/config/arguments.py), so their tiny versions train in fp32. bf16 stays.
 DROPPED = {"--fp16": "fp16 needs a CUDA device; the CPU run trains in fp32"}
 
 
@@ -264,7 +264,7 @@ def families(tmp_path_factory, corpus, hf_tokenizer_dir, sentencepiece_model):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_runs_to_completion_with_the_exact_count(families, name):
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     (published, small, expected, iterations), result, tmp = families[name]
     # the same flag names in the same order, less the dropped ones
     full = load(os.path.join(HERE, "data", "published_scripts", {
@@ -288,7 +288,7 @@ def test_family_runs_to_completion_with_the_exact_count(families, name):
 def test_family_specifics(families):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     (_, _, _, _), bloom, tmp = families["bloom"]
     # ramp-up 2 2 4: batch 2 for the first 4 samples (2 iterations), then 4 until 16 samples
     logged = logged_iterations(bloom["stdout"])

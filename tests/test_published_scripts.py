@@ -31,7 +31,8 @@ def test_the_collection():
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=[os.path.basename(p)[:-4] for p in SCRIPTS])
 def test_every_flag_parses(path, capsys):
-    from megatron.arguments import build_parser, validate_flag_values
+    from megatron.config.arguments import build_parser
+    from megatron.config.validation import validate_flag_values
     argv = load(path)
     try:
         args = build_parser().parse_args(argv)
@@ -164,13 +165,13 @@ def _both(with_flags, without):
 def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     tensorboard = ["--tensorboard-dir", str(tmp_path / "tb"), "--log-optimizer-states-to-tensorboard"]
     with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED + tensorboard, TINY)[0]
     line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, --no-query-key-layer-scaling, "
             "--abort-on-unmet-fused-kernel-constraints, --no-async-tensor-model-parallel-allreduce, "
             "--use-flash-attn-triton, --use-flash-attn-v2, "
-            "--no-masked-softmax-fusion, --DDP-impl (README.md, 'Flags accepted with no effect', says why)")
+            "--no-masked-softmax-fusion, --DDP-impl (docs/flags.md, 'Flags accepted with no effect', says why)")
     assert with_flags.splitlines().count(line) == 1
     assert "accepted, no effect" not in without
     runs = [logged_iterations(out) for out in (with_flags, without)]
@@ -203,8 +204,8 @@ def _one_step(config_path):
     import torch
 
     import pretrain_gpt
-    from megatron.initialize import initialize_megatron
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -257,8 +258,8 @@ def _sync_at_tp2():
 
     import pretrain_gpt
     from megatron import mpu
-    from megatron.initialize import initialize_megatron
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     with contextlib.redirect_stdout(io.StringIO()):
         args = initialize_megatron(args_list=[str(f) for f in STEP] + [
@@ -322,7 +323,7 @@ def test_skipped_iterations_train_nothing_and_drop_their_batches():
     """Reference without the skip path: LR 1e-3 for the first step, then 0 (linear decay over one
     iteration to --min-lr 0). Its iterations 2 and 3 change no parameter, so its iteration 4 is the
     model after one update on batch 4 — what skipping 2-3 must give (no dropout: same math)."""
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     skipping, reference = run_distributed(1, _train_all, [
         SKIP_BASE + ["--lr-decay-iters", "1000", "--skip-train-iteration-range", "3-3", "2-2"],
         SKIP_BASE + ["--lr-decay-iters", "1"]])[0]
@@ -342,9 +343,9 @@ def _optimizer_states(zero_stage):
 
     import pretrain_gpt
     from megatron import mpu
-    from megatron.initialize import initialize_megatron
     from megatron.metrics.optimizer_states import optimizer_state_norms
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     argv = [str(f) for f in STEP[:STEP.index("--optimizer")] + STEP[STEP.index("--weight-decay"):]]
     argv[argv.index("--global-batch-size") + 1], argv[argv.index("--train-iters") + 1] = "4", "2"
@@ -402,10 +403,11 @@ class WhoReads:
 
 
 def _loader_workers(extra):
-    from megatron.arguments import parse_args, validate_args
-    from megatron.run_config import DataSettings, EvaluationSettings
-    from megatron.training_data import build_data_iterators
-    from megatron.training_state import TrainingProgress
+    from megatron.config.arguments import parse_args
+    from megatron.config.run_config import DataSettings, EvaluationSettings
+    from megatron.config.validation import validate_args
+    from megatron.schedules.progress import TrainingProgress
+    from megatron.training.data_iterators import build_data_iterators
 
     args = validate_args(parse_args(args_list=TINY + extra), world_size=1, cuda_available=False)
     train, valid, test = build_data_iterators(lambda a, n: (WhoReads(), WhoReads(), WhoReads()), args,

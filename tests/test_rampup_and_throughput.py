@@ -11,7 +11,7 @@ import shutil
 import pytest
 from launcher import TINY, launch
 
-from megatron.launch import logged_iterations
+from tests.support.launch import logged_iterations
 
 SEQ = 32
 RESUME_AT = 6

@@ -9,8 +9,9 @@ import pytest
 from launcher import TINY, launch
 
 import pretrain_gpt
-from megatron.arguments import parse_args, validate_args
-from megatron.microbatches import train_samples
+from megatron.config.arguments import parse_args
+from megatron.config.validation import validate_args
+from megatron.schedules.microbatches import train_samples
 
 RAMPUP = ["--rampup-batch-size", "2", "2", "4", "--global-batch-size", "4", "--train-samples", "10"]
 READ = 12  # the hand count above

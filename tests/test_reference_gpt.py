@@ -82,8 +82,8 @@ def reference_name(ours):
 def _our_trainer():
     """Our trainer as pretrain() builds it; one batch through the built model, then real steps."""
     import pretrain_gpt
-    from megatron.initialize import initialize_megatron
     from megatron.training import Trainer
+    from megatron.training.initialize import initialize_megatron
 
     args = initialize_megatron(args_list=[str(f) for f in FLAGS])
     trainer = Trainer(args, pretrain_gpt.model_provider, pretrain_gpt.forward_step)

@@ -1,5 +1,5 @@
 """A refused run prints its one error line once per job, not once per rank, and exits with code 2;
-unknown flags are named together in that one line (megatron/refusal.py, megatron/arguments.py)."""
+unknown flags are named together in that one line (megatron/runtime/refusal.py, megatron/config/arguments.py)."""
 import os
 import signal
 import subprocess
@@ -44,7 +44,7 @@ def test_refusal_after_torch_distributed_two_ranks_one_line(tmp_path):
 
 
 def _refusing_rank(rank, wait_s):
-    code = ("import sys; from megatron.refusal import exit_refused; "
+    code = ("import sys; from megatron.runtime.refusal import exit_refused; "
             f"exit_refused('pretrain_gpt.py', 'the message', wait_s={wait_s})")
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, RANK=str(rank), PYTHONPATH=ROOT))

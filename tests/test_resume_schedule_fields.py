@@ -1,4 +1,4 @@
-"""The resume check of the learning-rate schedule (megatron/learning_rates.py, CHECKED: the fields a
+"""The resume check of the learning-rate schedule (megatron/schedules/learning_rates.py, CHECKED: the fields a
 checkpoint's schedule must share with the flags, as the forks' _check_and_set does), one field at a
 time through real --load runs: each change alone stops the run in one line naming that field with
 both values; --override-opt_param-scheduler then trains with the flags' schedule and
@@ -69,7 +69,7 @@ def _runs(save_dir):
 
 
 def logged_lr(run):
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     code, out, err = run
     assert code == 0, err[-3000:]
     logged = logged_iterations(out)

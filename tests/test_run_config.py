@@ -1,5 +1,5 @@
 """After initialize_megatron the run configuration is immutable: its dataclasses refuse writes, and
-args refuses any late write except the parameter-count cache (megatron/run_config.py)."""
+args refuses any late write except the parameter-count cache (megatron/config/run_config.py)."""
 import dataclasses
 import operator
 
@@ -19,8 +19,8 @@ def _attempt(write):
 
 
 def _initialized():
-    from megatron.global_vars import get_args
-    from megatron.initialize import initialize_megatron
+    from megatron.runtime.global_vars import get_args
+    from megatron.training.initialize import initialize_megatron
     args = initialize_megatron(args_list=FLAGS)
     config = args.run_config
     refused = {

@@ -11,7 +11,7 @@ from distributed import run_distributed
 from model_fixtures import SEED, tiny_batch, tiny_config
 from validated_args import validated
 
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 S, B, H, LAYERS = 16, 2, 32, 2  # tiny_config and tiny_batch
 
@@ -113,7 +113,7 @@ LAYOUTS = {  # DeepSpeed's pipeline engine sends the [s/2, b, h] shards between 
 def test_sequence_parallel_trains_as_one_rank(layout, one_rank):
     """Real gloo ranks through pretrain_gpt.main, 4 of them, against one rank: 6 iterations of
     a global batch of 4 (one rank: 2 micro-batches)."""
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     out = "".join(run_distributed(4, _train, RUN + LAYOUTS[layout], tp=2, pp=2 if "pp2" in layout else 1))
     ref, got = logged_iterations(one_rank), logged_iterations(out)
     assert sorted(got) == list(range(1, 7))
@@ -154,7 +154,7 @@ def _by_hand_tp2_pp2(estimates):
 # --- flags -------------------------------------------------------------------------------------
 
 def test_sequence_parallel_flags(tmp_path):
-    from megatron.script_flags import no_effect_line
+    from megatron.config.script_flags import no_effect_line
     args = validated(["--sequence-parallel", "--tensor-model-parallel-size", 2], world_size=2)
     assert args.sequence_parallel
     # DeepSpeed's pipeline engine would send 1/TP of a (then different) stage output per TP rank

@@ -8,17 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from megatron.model.shape import (
-    ConfigError,
     ModelShape,
     _num_key_value_heads,
     _position_embedding_type,
     gpt2_variant,
     pad_vocab_size,
-    require_fraction,
-    require_non_negative,
-    require_positive,
     swiglu_ffn_hidden_size,
 )
+from megatron.runtime.refusal import ConfigError, require_fraction, require_non_negative, require_positive
 
 BASE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32)
 

@@ -1,4 +1,4 @@
-"""Token accounting across --skip-train-iteration-range (megatron/skip_iterations.py), worked by
+"""Token accounting across --skip-train-iteration-range (megatron/schedules/skip_iterations.py), worked by
 hand: a skipped iteration reads its batch, so consumed samples and tokens advance by its global
 batch; it computes nothing, so gigaflos (6 N D over trained samples) and the LR schedule do not.
 The batch ramps up meanwhile, so each skipped iteration's batch differs from its neighbours'.
@@ -41,7 +41,7 @@ def lr_after(trained_samples):
 
 
 def test_skipped_iterations_consume_samples_and_tokens_but_no_compute():
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     [(progress, out)] = run_distributed(1, _run, ARGV)
     assert "skipping iterations 3 to 4 (--skip-train-iteration-range)" in out.splitlines()
     assert "skipping iterations 7 to 7 (--skip-train-iteration-range)" in out.splitlines()
@@ -74,7 +74,7 @@ def test_a_save_and_an_exit_inside_a_skipped_range_take_effect(tmp_path):
     iterations): the run saves at 2 and at the skipped 4 and stops after iteration 4, not at the
     end; the checkpoint of iteration 4 has read 4 x 4 samples. Resumed from it, the run skips
     nothing more and trains iterations 5 to 8."""
-    from megatron.launch import logged_iterations
+    from tests.support.launch import logged_iterations
     save = str(tmp_path / "ckpt")
     run = TINY + ["--global-batch-size", "4", "--train-iters", "8", "--eval-iters", "0", "--save", save,
                   "--save-interval", "2", "--skip-train-iteration-range", "3-4"]

@@ -5,7 +5,7 @@ lm loss, and consumed samples and gigaflos still advance."""
 import pytest
 from launcher import TINY, launch
 
-from megatron.launch import logged_iterations
+from tests.support.launch import logged_iterations
 
 ITERS, SKIP_AT, GBS, SEQ = 4, 2, 4, 32
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import pretrain_gpt
-from megatron.launch import free_port
+from tests.support.launch import free_port
 
 H, LAYERS = 64, 4
 FLAGS = ["--num-layers", LAYERS, "--hidden-size", H, "--num-attention-heads", 4, "--seq-length", 32,

@@ -16,7 +16,7 @@ def _forward_backward(attention_impl="sdpa"):
     loss.backward()
     params = {n: (p.detach().clone(), p.grad.clone(), getattr(p, "partition_dim", None))
               for n, p in model.named_parameters()}
-    from megatron.optimizer import global_grad_norm
+    from megatron.training.optimizer import global_grad_norm
     grad_norm = global_grad_norm(list(model.parameters()), mpu.get_tensor_model_parallel_rank(),
                                  mpu.get_model_parallel_group())
     return {"logits": logits.detach(), "loss": loss.item(), "params": params, "grad_norm": float(grad_norm)}

@@ -13,7 +13,8 @@ import torch
 from model_fixtures import tiny_config
 
 from megatron.model.analytic import COMPONENTS, ParameterCounts, StageCount
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 # tiny_config's model: L 2, h 32, 4 heads, s 16, V 128, ffn 4h = 128
 L, H, S, V, F = 2, 32, 16, 128, 128
@@ -29,8 +30,8 @@ def mpu():
     import deepspeed
 
     from megatron import mpu as megatron_mpu
-    from megatron.initialize import disable_deepspeed_shm_comm
-    from megatron.launch import free_port
+    from megatron.training.initialize import disable_deepspeed_shm_comm
+    from tests.support.launch import free_port
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                       WORLD_SIZE="1")
@@ -184,7 +185,7 @@ def test_match_parameters_to_table_refuses_unlisted_and_misshapen_parameters(mpu
 
 
 class _Curriculum:
-    """The one method cache_parameter_counts reads of megatron/curriculum.py's schedule."""
+    """The one method cache_parameter_counts reads of megatron/schedules/curriculum.py's schedule."""
 
     def seqlens(self):
         return (8, 16)

@@ -11,9 +11,9 @@ import pytest
 from validated_args import validated
 from variants import VARIANTS, shape_kwargs
 
-from megatron.arguments import ConfigError
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 LLAMA_FLAGS = ["--use-rotary-position-embeddings", "--swiglu", "--normalization", "RMSNorm",
                "--num-key-value-heads", 2, "--untie-embeddings-and-output-weights", "--disable-bias-linear"]

@@ -18,7 +18,8 @@ from distributed import run_distributed
 from hf_export import convert, our_logits
 from launcher import TINY, launch, losses
 
-from megatron.arguments import parse_args, validate_args
+from megatron.config.arguments import parse_args
+from megatron.config.validation import validate_args
 from megatron.model.analytic import analytic_parameter_counts
 
 ITERS = 6

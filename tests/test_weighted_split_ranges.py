@@ -8,7 +8,7 @@ import pytest
 
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.data.weighted_split_paths import build_group_dataset, parse_group
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 DOC_TOKENS = 4  # every document: 4 copies of its own id
 

@@ -1,5 +1,6 @@
-"""Flags through megatron.arguments' parser and validation, in-process (no launch)."""
-from megatron.arguments import parse_args, validate_args
+"""Flags through megatron.config.arguments' parser and validation, in-process (no launch)."""
+from megatron.config.arguments import parse_args
+from megatron.config.validation import validate_args
 
 BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",

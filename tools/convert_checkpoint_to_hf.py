@@ -19,7 +19,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from megatron.model.shape import ConfigError, gpt2_variant
+from megatron.model.shape import gpt2_variant
+from megatron.runtime.refusal import ConfigError
 
 if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
     import torch

@@ -5,7 +5,7 @@
         --seq-length 1024 --vocab-size 50257 --tensor-model-parallel-size 2 \
         --num-gpus 8 --bf16 --zero-stage 1 --micro-batch-size 4 --global-batch-size 64
 
-The flags, their defaults and the shape's validation are the trainer's own (megatron/arguments.py,
+The flags, their defaults and the shape's validation are the trainer's own (megatron/config/arguments.py,
 megatron/model/shape.py); the numbers come from the same analytic functions the trainer's
 startup cross-check uses and are printed by the same report, which names the architecture variant
 (--swiglu, --num-key-value-heads, --use-rotary-position-embeddings, ... as the trainer takes them).
@@ -20,11 +20,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from megatron import arguments, fork_features
+from megatron.config import arguments, ds_config, fork_features, validation
 from megatron.metrics.memory import TrainingSetup, format_memory_report
 from megatron.metrics.split_comparison import split_comparison_lines
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
-from megatron.model.shape import ConfigError, ModelShape, require
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError, require
 from megatron.tokenizer.external import PATH_FLAG, vocab_size_without_torch
 from megatron.utils import format_parameter_report
 
@@ -43,10 +44,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args, rest = p.parse_known_args(argv)
     args.ignored_flags = _unknown_to_the_trainer(rest)
     fork_features.map_recompute(args)  # --recompute-* = --checkpoint-activations: FLOPs and memory follow
-    # the trainer's own checks (megatron/arguments.py, ModelShape), for the flags parsed here
-    arguments.validate_flag_values(args)
+    # the trainer's own checks (megatron/config/arguments.py, ModelShape), for the flags parsed here
+    validation.validate_flag_values(args)
     if args.rampup_batch_size:
-        arguments.validate_rampup(args)
+        validation.validate_rampup(args)
     external = args.tokenizer_type in PATH_FLAG
     require((args.vocab_size is not None) + (args.vocab_file is not None) + external == 1,
             "give exactly one of --vocab-size, --vocab-file, or --tokenizer-type "
@@ -63,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                 args.vocab_size = len(json.load(f))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"--vocab-file {args.vocab_file}: not a GPT-2 vocab.json ({e})") from None
-    arguments._resolve_activation_checkpointing(args)
+    validation._resolve_activation_checkpointing(args)
     args.model_shape = ModelShape.from_args(args, vocab_size=args.vocab_size)
     args.memory_setup = _training_setup(args)
     return args
@@ -88,20 +89,20 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
     mp = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.ds_sequence_parallel_size
     world = args.world_size or mp
     what = "TP x PP" if args.ds_sequence_parallel_size == 1 else "TP x PP x SP"
-    arguments._require(world % mp == 0, f"--world-size {world} is not divisible by {what} = {mp}")
-    arguments._require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
+    require(world % mp == 0, f"--world-size {world} is not divisible by {what} = {mp}")
+    require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
     args.data_parallel_size = world // mp
     args.micro_batch_size = args.micro_batch_size or 1
     gbs = args.global_batch_size or args.micro_batch_size * args.data_parallel_size
-    arguments._require(gbs % (args.micro_batch_size * args.data_parallel_size) == 0,
+    require(gbs % (args.micro_batch_size * args.data_parallel_size) == 0,
                        f"--global-batch-size {gbs} is not divisible by --micro-batch-size {args.micro_batch_size} "
                        f"x data-parallel size {args.data_parallel_size}")
     if args.rampup_batch_size:  # the trainer's rule: every ramp-up batch splits into micro batches x DP
-        arguments.validate_rampup(args, args.data_parallel_size)
+        validation.validate_rampup(args, args.data_parallel_size)
     args.zero_stage = args.zero_stage or 0  # a stage outside 0-3: validate_flag_values refused it
-    arguments._validate_sequence_parallel(args)  # off at TP 1; TP must divide the sequence
+    validation._validate_sequence_parallel(args)  # off at TP 1; TP must divide the sequence
     if args.accumulate_allreduce_grads_in_fp32:  # the ds_config key the trainer sets: where DeepSpeed runs it
-        arguments.check_grad_accum_dtype("fp32", args)
+        ds_config.check_grad_accum_dtype("fp32", args)
     return TrainingSetup.from_args(args)
 
 

@@ -43,7 +43,7 @@ def get_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     group.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json")
     group.add_argument("--merge-file", default=None, help="GPT-2 merges.txt")
     group.add_argument("--vocab-size", type=int, default=None, help="vocab size of NullTokenizer")
-    # the trainer's spellings (megatron/arguments.py), so one set of tokenizer flags serves both
+    # the trainer's spellings (megatron/config/arguments.py), so one set of tokenizer flags serves both
     group.add_argument("--tokenizer-name-or-path", default=None, help="PretrainedFromHF: a local tokenizer directory")
     group.add_argument("--tokenizer-model", default=None,
                        help="GPTSentencePieceTokenizer: the .model file; HFTokenizer: a local tokenizer directory")

@@ -15,7 +15,7 @@ import zipfile
 
 from megatron.checkpoint.layout import TRACKER, read_layout, read_tracker, require_step_dir
 from megatron.checkpoint.manifest import MANIFEST, step_files, verify_step
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 
 def verify(load_dir: str, iteration: int | None) -> str:

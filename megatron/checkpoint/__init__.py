@@ -13,5 +13,5 @@ handed its section of the run configuration (config.py: CheckpointConfig).
   zero_state.py  DeepSpeed's flat ZeRO / bf16 optimizer files as full tensors
   resume.py      the resume plan before the model is built, and the resharding load
   universal.py   DeepSpeed's universal checkpoints (ds_to_universal.py): save info, --universal-checkpoint
-Nothing is imported here: megatron/run_config.py imports config.py, which must stay torch-free.
+Nothing is imported here: megatron/config/run_config.py imports config.py, which must stay torch-free.
 """

@@ -1,5 +1,7 @@
-"""The checkpoint section of the run configuration: every flag checkpointing reads, as one frozen
-value built once from the flags (RunConfig.checkpoint). Torch-free, like megatron/run_config.py:
+"""The checkpoint section of the run configuration: every flag checkpointing reads, and the model
+shape, parallel layout, precision, ZeRO stage and resume plan the checkpoints it writes and reads
+are checked against, as one frozen value built once (RunConfig.checkpoint). CheckpointManager reads
+nothing else, so checkpoint/ imports nothing of megatron/config/. Torch-free, like megatron/config/run_config.py:
 tools validate flags without torch."""
 import argparse
 import os
@@ -9,6 +11,17 @@ from types import MappingProxyType
 from typing import Any
 
 from megatron.metrics.memory import TrainingSetup
+from megatron.model.shape import ModelShape
+from megatron.runtime.parallel_layout import ParallelLayout
+from megatron.runtime.precision import Precision
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What --load found before the model was built (megatron/checkpoint/resume.py)."""
+    universal_tag: str | None = None                 # --universal-checkpoint: the converted folder's tag
+    reshard_source: tuple[str, int] | None = None    # (load dir, iteration) saved at another layout
+    make_vocab_size_divisible_by: int | None = None  # the divisor that keeps the saved padded vocab
 
 
 @dataclass(frozen=True)
@@ -27,13 +40,23 @@ class CheckpointConfig:
     # numerics and tokenizer files (absolute paths) written to megatron_model.json for tools, in
     # the file's key order; the vocab, its divisor and the sequence length come from the shape
     model_info: Mapping[str, Any]
+    # what a saved checkpoint is written at and checked against (the run's own sections, shared)
+    model_shape: ModelShape
+    parallel: ParallelLayout
+    precision: Precision
+    zero_stage: int
+    seq_length: int
+    resume: ResumePlan = ResumePlan()  # what --load found before the model was built
 
     @property
     def load_optimizer(self) -> bool:
         return not (self.no_load_optim or self.finetune)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "CheckpointConfig":
+    def from_args(cls, args: argparse.Namespace, parallel: ParallelLayout, shape: ModelShape | None = None,
+                  resume: ResumePlan | None = None) -> "CheckpointConfig":
+        """`shape`: args.model_shape unless given (initialize_megatron plans the resume with the
+        shape the tokenizer completed, before it is stored on args)."""
         def path(p: str | None) -> str | None:
             return os.path.abspath(p) if p else None
         info = {"layernorm_epsilon": args.layernorm_epsilon, "rope_theta": args.rope_theta,
@@ -49,4 +72,6 @@ class CheckpointConfig:
                    no_load_optim=args.no_load_optim, no_load_rng=args.no_load_rng, finetune=args.finetune,
                    universal_checkpoint=args.universal_checkpoint,
                    optimizer_wrapper=TrainingSetup.from_args(args).optimizer_wrapper(),
-                   model_info=MappingProxyType(info))
+                   model_info=MappingProxyType(info), model_shape=shape or args.model_shape, parallel=parallel,
+                   precision=Precision.from_args(args), zero_stage=args.zero_stage, seq_length=args.seq_length,
+                   resume=resume or ResumePlan())

@@ -19,9 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron.atomic_write import write_atomic
 from megatron.model.partition import DEFAULT_METHOD
-from megatron.model.shape import ConfigError, ModelShape, gpt2_variant
+from megatron.model.shape import ModelShape, gpt2_variant
+from megatron.runtime.atomic_write import write_atomic
+from megatron.runtime.refusal import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"
 LATEST = "latest"

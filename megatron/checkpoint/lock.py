@@ -14,7 +14,7 @@ import os
 import socket
 import time
 
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 LOCK_FILE = "megatron_save.lock"
 

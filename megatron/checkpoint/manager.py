@@ -18,7 +18,7 @@ import torch
 
 from megatron import mpu, print_rank_0
 from megatron.checkpoint.agree import from_rank_0, gather, rank_and_world
-from megatron.checkpoint.config import CheckpointConfig
+from megatron.checkpoint.config import CheckpointConfig, ResumePlan
 from megatron.checkpoint.layout import (
     CheckpointLayout,
     read_tracker,
@@ -33,9 +33,8 @@ from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
 from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
 from megatron.checkpoint.universal import attach_universal_checkpoint_info
 from megatron.checkpoint.writer import remove_stale, write_iteration
-from megatron.model.shape import ConfigError, ModelShape
-from megatron.run_config import ParallelLayout, Precision, ResumePlan, RunConfig
-from megatron.training_state import TrainingProgress, saved_progress
+from megatron.runtime.refusal import ConfigError
+from megatron.schedules.progress import TrainingProgress, saved_progress
 
 
 def _rng_state() -> dict:
@@ -72,21 +71,15 @@ class CheckpointManager:
     """One run's checkpointing: when to save, saving, loading, and the resume plan made before the
     model is built (another layout is resharded, a universal checkpoint converted by DeepSpeed)."""
 
-    def __init__(self, config: CheckpointConfig, shape: ModelShape, parallel: ParallelLayout, precision: Precision,
-                 zero_stage: int, seq_length: int, resume: ResumePlan | None = None) -> None:
+    def __init__(self, config: CheckpointConfig) -> None:
         self.config = config
-        self.shape = shape
-        self.parallel = parallel
-        self.precision = precision
-        self.zero_stage = zero_stage
-        self.seq_length = seq_length
-        self.resume = resume or ResumePlan()
+        self.shape = config.model_shape
+        self.parallel = config.parallel
+        self.precision = config.precision
+        self.zero_stage = config.zero_stage
+        self.seq_length = config.seq_length
+        self.resume = config.resume
         self._lock: SaveDirLock | None = None
-
-    @classmethod
-    def from_run_config(cls, run_config: RunConfig) -> "CheckpointManager":
-        return cls(run_config.checkpoint, run_config.model_shape, run_config.parallel, run_config.precision,
-                   run_config.optimizer.zero_stage, run_config.batch.seq_length, run_config.resume)
 
     @property
     def layout(self) -> CheckpointLayout:

@@ -24,8 +24,8 @@ import zipfile
 import zlib
 from collections.abc import Iterable
 
-from megatron.atomic_write import write_atomic
-from megatron.model.shape import ConfigError
+from megatron.runtime.atomic_write import write_atomic
+from megatron.runtime.refusal import ConfigError
 
 MANIFEST = "megatron_manifest.json"
 ALGORITHM = "crc32"

@@ -35,7 +35,8 @@ from megatron.checkpoint.layout import (
 from megatron.checkpoint.shards import check_shard, load_shard
 from megatron.checkpoint.zero_state import read_flat_state, zero_files
 from megatron.model.analytic import ParamSpec, parameter_table, stage_of_layer, table_entry
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 
 def optimizer_param_names(engine: Any) -> list[list[str]] | None:

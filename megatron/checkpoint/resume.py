@@ -6,7 +6,7 @@ Each rank reads the saved shards of the layers it holds, merges them into full t
 its own slice (reshard.py): the fp32 master weights (the weights themselves in plain fp32;
 DeepSpeed's flat DP partitions with fp16 / bf16 / ZeRO, see zero_state.py), Adam's moments and
 step. They go into this run's optimizer as it holds them: the torch optimizer's per-parameter
-state, or DeepSpeed's flat partitions of this DP rank (megatron/deepspeed_internals.py), from
+state, or DeepSpeed's flat partitions of this DP rank (megatron/runtime/deepspeed_internals.py), from
 which the low-precision weights are refreshed.
 Iteration, consumed samples (the data position), gigaflos and the LR schedule are layout-free
 client state and carry over as they are. RNG states are per TP / PP rank and do not: the run
@@ -17,16 +17,22 @@ from typing import Any
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.checkpoint.config import CheckpointConfig
+from megatron.checkpoint.config import CheckpointConfig, ResumePlan
 from megatron.checkpoint.layout import CheckpointLayout
 from megatron.checkpoint.reshard import Checkpoint, saved_precision, table_key, tp_cut
 from megatron.checkpoint.universal import check_universal_load
 from megatron.checkpoint.zero_state import read_loss_scaler
-from megatron.deepspeed_internals import holds_flat_partitions, set_loss_scaler, set_progress_counters, write_flat_state
 from megatron.model.analytic import parameter_table
-from megatron.model.shape import ConfigError, ModelShape, pad_vocab_size
-from megatron.run_config import ParallelLayout, ResumePlan
-from megatron.training_state import saved_progress
+from megatron.model.shape import ModelShape, pad_vocab_size
+from megatron.runtime.deepspeed_internals import (
+    holds_flat_partitions,
+    set_loss_scaler,
+    set_progress_counters,
+    write_flat_state,
+)
+from megatron.runtime.parallel_layout import ParallelLayout
+from megatron.runtime.refusal import ConfigError
+from megatron.schedules.progress import saved_progress
 
 
 def _describe(parallel: ParallelLayout) -> str:

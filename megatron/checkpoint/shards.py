@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 
 def missing(path: str) -> ConfigError:

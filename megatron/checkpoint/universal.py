@@ -24,7 +24,8 @@ from typing import Any
 from megatron.checkpoint.layout import LATEST_UNIVERSAL, CheckpointLayout, read_pointer
 from megatron.checkpoint.shards import load_shard
 from megatron.model.analytic import module_name, parameter_table
-from megatron.model.shape import ConfigError, ModelShape
+from megatron.model.shape import ModelShape
+from megatron.runtime.refusal import ConfigError
 
 
 def _pattern(spec, shape, pipeline):
@@ -37,7 +38,7 @@ def _pattern(spec, shape, pipeline):
 
 
 def universal_checkpoint_info(shape: ModelShape, pipeline: bool) -> dict:
-    from megatron.deepspeed_internals import universal_checkpoint_constants
+    from megatron.runtime.deepspeed_internals import universal_checkpoint_constants
     c = universal_checkpoint_constants()
     specs = parameter_table(shape)
     replicated = sorted({_pattern(s, shape, pipeline) for s in specs if s.partition_dim is None})
@@ -56,7 +57,7 @@ def universal_checkpoint_info(shape: ModelShape, pipeline: bool) -> dict:
 def attach_universal_checkpoint_info(engine: Any, shape: ModelShape, pipeline: bool) -> None:
     """Before engine.save_checkpoint: DeepSpeed writes the module attribute into every
     mp_rank_*_model_states.pt (client_state cannot carry it for MoE models)."""
-    from megatron.deepspeed_internals import universal_checkpoint_constants
+    from megatron.runtime.deepspeed_internals import universal_checkpoint_constants
     UNIVERSAL_CHECKPOINT_INFO = universal_checkpoint_constants().UNIVERSAL_CHECKPOINT_INFO
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         setattr(engine.module, UNIVERSAL_CHECKPOINT_INFO,

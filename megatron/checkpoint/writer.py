@@ -24,7 +24,7 @@ import torch.distributed as dist
 from megatron.checkpoint.agree import from_rank_0, gather, rank_and_world
 from megatron.checkpoint.layout import read_tracker, step_dir, write_tracker
 from megatron.checkpoint.manifest import checksum_share, read_manifest, step_files, write_manifest
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 PARTIAL = ".partial"  # global_stepN.partial: a save in progress (or a crashed one's leftovers)
 _REPLACED = ".replaced"  # global_stepN.replaced<pid>: an untracked global_stepN on its way out

@@ -18,7 +18,7 @@ import torch
 
 from megatron.checkpoint.shards import load_shard
 from megatron.model.analytic import stage_of_layer
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

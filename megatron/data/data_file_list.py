@@ -12,7 +12,7 @@ skipped; a trailing .bin on a prefix is dropped, as the fork does. Torch-free.""
 import math
 import os
 
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 FORMAT = "WEIGHT PREFIX CORPUS (a number, a dataset prefix, a corpus name)"
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from megatron.atomic_write import AtomicFile
+from megatron.runtime.atomic_write import AtomicFile
 
 from . import helpers
 from .blendable_dataset import BlendableDataset

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from megatron.atomic_write import AtomicFile
+from megatron.runtime.atomic_write import AtomicFile
 
 _HDR_MAGIC = b"MMIDIDX\x00\x00"
 _VERSION = 1

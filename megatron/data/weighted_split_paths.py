@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from megatron.model.shape import ConfigError, require
+from megatron.runtime.refusal import ConfigError, require
 
 if TYPE_CHECKING:  # annotations only: argument validation reads this module without paying for torch
     import torch

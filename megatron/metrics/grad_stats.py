@@ -15,7 +15,7 @@ from megatron.utils import is_owned_parameter, moe_parameter_owner
 
 
 def _ownership(model, mpu):
-    """(owned(param), the group to sum over): the rule of megatron/optimizer.py's clipping."""
+    """(owned(param), the group to sum over): the rule of megatron/training/optimizer.py's clipping."""
     moe_owner = moe_parameter_owner(model, mpu)
     if moe_owner is not None:
         return moe_owner, None

@@ -134,7 +134,7 @@ class TrainingSetup:
 
 class HeldParameter(NamedTuple):
     numel: int       # elements on this TP rank
-    matrix: bool     # ndim > 1: the weight-decay group (megatron/optimizer.py)
+    matrix: bool     # ndim > 1: the weight-decay group (megatron/training/optimizer.py)
     has_grad: bool   # the last stage's copy of the position table never gets a gradient
 
 
@@ -169,7 +169,7 @@ def held_parameters(shape: ModelShape, stage: int, pipeline: bool = True) -> lis
 
 
 def param_groups(params: Sequence[HeldParameter]) -> list[list[HeldParameter]]:
-    """The optimizer's param groups as megatron/optimizer.py builds them; empty ones are dropped."""
+    """The optimizer's param groups as megatron/training/optimizer.py builds them; empty ones are dropped."""
     return [g for g in ([p for p in params if p.matrix], [p for p in params if not p.matrix]) if g]
 
 
@@ -201,7 +201,7 @@ def model_state_bytes(params: Sequence[HeldParameter], setup: TrainingSetup,
     """(weights, gradients, optimizer, transient) bytes of one rank holding `params`."""
     b, dp = setup.model_bytes, setup.weight_holders
     wrapper = setup.optimizer_wrapper()
-    # fp32 without ZeRO: DeepSpeed's bucketed all-reduce runs unless megatron/training.py skips it
+    # fp32 without ZeRO: DeepSpeed's bucketed all-reduce runs unless megatron/training/pretrain.py skips it
     # (a dense model at DP = 1); it gives a parameter without a gradient a zero one, and flattens
     reduces = wrapper == "torch" and (dp > 1 or setup.moe)
     with_grad = params if reduces else [p for p in params if p.has_grad]

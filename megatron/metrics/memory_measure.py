@@ -24,15 +24,15 @@ from typing import Any
 import torch
 
 from megatron import mpu, print_rank_0, print_rank_last
-from megatron.deepspeed_internals import (
+from megatron.metrics.config import LoggingConfig
+from megatron.metrics.memory import TrainingSetup, format_memory_report, predict_memory
+from megatron.model.shape import ModelShape
+from megatron.runtime.deepspeed_internals import (
     basic_optimizer,
     call_once_before_step,
     gradient_holders,
     zero3_master_partitions,
 )
-from megatron.metrics.config import LoggingConfig
-from megatron.metrics.memory import TrainingSetup, format_memory_report, predict_memory
-from megatron.model.shape import ModelShape
 
 FIELDS = ("weights", "gradients", "optimizer", "activations")
 

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from megatron.deepspeed_internals import state_partitioned_over_data_parallel, torch_optimizer_of
 from megatron.metrics.training_log import write_group
+from megatron.runtime.deepspeed_internals import state_partitioned_over_data_parallel, torch_optimizer_of
 
 if TYPE_CHECKING:  # annotations only
     from deepspeed import DeepSpeedEngine
 
-    from megatron.training_state import TrainingProgress
+    from megatron.schedules.progress import TrainingProgress
 
 NAMES = ("variance", "variance_sqrt", "momentum", "weight")
 

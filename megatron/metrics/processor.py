@@ -10,13 +10,13 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.deepspeed_internals import current_loss_scale
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.grad_stats import ZeroCounter, params_norm
 from megatron.metrics.memory_measure import MemoryProbe, finish_memory_probe, startup_report
 from megatron.metrics.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.metrics.training_log import IntervalStats, NoWriter, evaluation_log, log_model_size, training_log
-from megatron.training_state import TrainingProgress
+from megatron.runtime.deepspeed_internals import current_loss_scale
+from megatron.schedules.progress import TrainingProgress
 
 
 def open_tensorboard_writer(config: LoggingConfig) -> Any:

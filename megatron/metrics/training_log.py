@@ -14,7 +14,7 @@ import torch
 from megatron import print_rank_last
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.mfu import interval_mfu
-from megatron.training_state import TrainingProgress
+from megatron.schedules.progress import TrainingProgress
 
 
 class NoWriter:

@@ -17,8 +17,8 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
-from megatron.deepspeed_internals import set_random_seed, set_stage_bounds, stop_reseeding_layers
 from megatron.mpu import mark_sequence_parallel
+from megatron.runtime.deepspeed_internals import set_random_seed, set_stage_bounds, stop_reseeding_layers
 
 from .analytic import stage_parts
 from .config import GPTConfig

@@ -8,30 +8,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import NamedTuple
 
-
-class ConfigError(ValueError):
-    """A bad flag combination. Its message is one line naming the flag and the fix."""
-
-
-def require(cond: object, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
-
-
-# the value rules of single flags, one wording for the trainer, tools/param_count.py and the shape
-def require_positive(flag: str, value: float | None) -> None:
-    """Sizes, counts and intervals: None (not given) or > 0."""
-    require(value is None or value > 0, f"{flag} {value} must be positive")
-
-
-def require_non_negative(flag: str, value: float | None) -> None:
-    require(value is None or value >= 0, f"{flag} {value} must be >= 0")
-
-
-def require_fraction(flag: str, value: float | None, below_one: bool = False) -> None:
-    """A probability or fraction: in [0, 1] (or [0, 1) where 1 breaks the math, as for Adam's betas)."""
-    ok = value is None or (0 <= value < 1 if below_one else 0 <= value <= 1)
-    require(ok, f"{flag} {value} must be in [0, {'1)' if below_one else '1]'}")
+from megatron.runtime.refusal import require, require_positive
 
 
 def pad_vocab_size(orig_vocab_size: int, make_vocab_size_divisible_by: int, tensor_model_parallel_size: int) -> int:
@@ -41,7 +18,7 @@ def pad_vocab_size(orig_vocab_size: int, make_vocab_size_divisible_by: int, tens
 
 
 def moe_fields_from_args(args: Namespace) -> dict:
-    """The MoE flags (megatron/arguments.py: _add_moe_args); absent ones keep the dense defaults."""
+    """The MoE flags (megatron/config/arguments.py: _add_moe_args); absent ones keep the dense defaults."""
     names = ("num_experts", "expert_interval", "topk", "moe_expert_parallel_size", "mlp_type",
              "enable_expert_tensor_parallelism")
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}

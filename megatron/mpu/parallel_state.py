@@ -12,7 +12,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from megatron.deepspeed_internals import pipe_model_data_parallel_topology, process_topology
+from megatron.runtime.deepspeed_internals import pipe_model_data_parallel_topology, process_topology
 
 __all__ = [
     "initialize_model_parallel",

@@ -54,7 +54,7 @@ def sequence_parallel_attention(core: Callable[..., torch.Tensor]) -> Callable[.
     SP = 1 (the core is called directly)."""
     if get_sequence_parallel_world_size() == 1:
         return None
-    from megatron.deepspeed_internals import distributed_attention
+    from megatron.runtime.deepspeed_internals import distributed_attention
     # scatter the heads (dim 2), gather the sequence (dim 0); batch_dim_idx 1: [s, b, ...]
     attention = distributed_attention(core, get_sequence_parallel_group(), scatter_idx=2, gather_idx=0)
     return lambda q, k, v: attention(q, k, v, 1)

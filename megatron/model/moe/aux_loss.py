@@ -4,14 +4,14 @@ layers' l_aux: how it reaches the gradient, and the per-step record the training
 Gradient. An MoE layer passes its output through MoEAuxLossAutoScaler together with its
 coeff x l_aux. Forward returns the output unchanged; backward returns the output's gradient and
 gives the aux loss the gradient DeepSpeed gives the lm loss (loss scale / gradient-accumulation
-steps, set around each training batch by megatron/engine.py): backward sees lm loss + moe loss
+steps, set around each training batch by megatron/training/engine.py): backward sees lm loss + moe loss
 while the engines return, and the log prints, the lm loss alone. So a layer returns one hidden-states
 tensor, only hidden states cross a pipeline stage boundary, and activation checkpointing needs
 nothing special (the recomputation attaches the loss again and its backward emits the gradient).
 
 Log. The model's forward (GPTModel, or one GPTModelPipe stage) collects the aux losses its own
 layers attach (collect_aux_losses) and, for a training micro-batch, records their sum
-(record_moe_loss; 0 on a stage without MoE layers). megatron/engine.py's pop_moe_loss turns the
+(record_moe_loss; 0 on a stage without MoE layers). megatron/training/engine.py's pop_moe_loss turns the
 records of an iteration into the logged value. A recomputation runs in backward, outside every
 forward's collection, so it records nothing.
 """

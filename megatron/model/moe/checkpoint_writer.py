@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from deepspeed import DeepSpeedEngine
 
-from megatron import deepspeed_internals as ds_internals
 from megatron import mpu
+from megatron.runtime import deepspeed_internals as ds_internals
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ import torch
 from deepspeed.moe.layer import MoE
 from torch import nn
 
-from megatron import deepspeed_internals as ds_internals
 from megatron import mpu
+from megatron.runtime import deepspeed_internals as ds_internals
 
 from ..shape import ModelShape
 

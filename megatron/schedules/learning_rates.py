@@ -7,7 +7,7 @@ import math
 from argparse import Namespace
 from typing import Any
 
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 # what a checkpoint's schedule must agree on with the flags (the fork's _check_and_set list)
 CHECKED = (("max_lr", "learning rate"), ("min_lr", "minimum learning rate"),

@@ -1,4 +1,4 @@
-"""pretrain(): initialize, then build a Trainer (megatron/trainer.py) and run it: the model and
+"""pretrain(): initialize, then build a Trainer (megatron/training/trainer.py) and run it: the model and
 optimizer (Trainer.setup_model_and_optimizer), the data (Trainer.build_data_iterators), the loop
 (Trainer.train, Trainer.train_step), evaluation, checkpoints and exits.
 """
@@ -7,9 +7,9 @@ from argparse import Namespace
 from collections.abc import Callable
 
 from megatron import print_rank_0
-from megatron.initialize import initialize_megatron
-from megatron.trainer import NonFiniteLoss, Trainer, TrainerHooks, exit_signals
-from megatron.training_state import TrainingProgress
+from megatron.schedules.progress import TrainingProgress
+from megatron.training.initialize import initialize_megatron
+from megatron.training.trainer import NonFiniteLoss, Trainer, TrainerHooks, exit_signals
 
 __all__ = ["NonFiniteLoss", "Trainer", "TrainerHooks", "exit_signals", "pretrain"]
 

@@ -4,7 +4,7 @@ batches are read from the data iterator and dropped, and the iteration number an
 advance as if they had trained, so the data and the iteration numbers after a skipped range are
 those of the unskipped run; no forward, backward or optimizer step runs and the LR schedule does
 not advance (as for an fp16 step skipped on overflow). Saves and exit checks run after a skipped
-iteration as after a trained one (megatron/trainer.py). BigScience's loop leaves the iteration
+iteration as after a trained one (megatron/training/trainer.py). BigScience's loop leaves the iteration
 number where it was and drops a count of batches that depends on where the run resumed; the
 meaning above is the one its help text gives, and Megatron-LM's --iterations-to-skip."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from megatron.model.shape import require
+from megatron.runtime.refusal import require
 
 if TYPE_CHECKING:  # annotations only
-    from megatron.microbatches import NumMicroBatchesCalculator
-    from megatron.training_state import TrainingProgress
+    from megatron.schedules.microbatches import NumMicroBatchesCalculator
+    from megatron.schedules.progress import TrainingProgress
 
 
 def parse_ranges(values: Iterable[str]) -> list[tuple[int, int]]:

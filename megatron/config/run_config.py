@@ -14,63 +14,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
-from megatron.checkpoint.config import CheckpointConfig
-from megatron.curriculum import CurriculumSchedule
-from megatron.learning_rates import schedule_lengths
+from megatron.checkpoint.config import CheckpointConfig, ResumePlan
 from megatron.metrics.config import LoggingConfig
-from megatron.microbatches import train_samples
 from megatron.model.shape import ModelShape
+from megatron.runtime.parallel_layout import ParallelLayout
+from megatron.runtime.precision import Precision
+from megatron.schedules.curriculum import CurriculumSchedule
+from megatron.schedules.learning_rates import schedule_lengths
+from megatron.schedules.microbatches import train_samples
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
-    import torch
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """The TP x PP x DP (x EP) layout and this process's rank. After initialization it is the one
-    owner of the parallel sizes (torchtitan's ParallelDims): initialize_megatron builds it once per
-    process, right after torch.distributed starts, and keeps it as `args.run_config.parallel`. The
-    other holders exist for readers that cannot reach it, and each is made from it or checked
-    against it:
-    - the mpu process groups (megatron/mpu/parallel_state.py) are built from its sizes, and their
-      data-parallel size is checked against it;
-    - once args is frozen (FrozenArgs), args.tensor_model_parallel_size, ...data_parallel_size,
-      .world_size and .rank read it, so get_args() readers and launch-script flags keep working;
-    - ModelShape keeps the TP and PP sizes because the parameter table, the counts, FLOPs and
-      tools/param_count.py need them without processes (torch-free); RunConfig refuses a shape
-      whose sizes differ from the layout's."""
-    tensor_model_parallel_size: int
-    pipeline_model_parallel_size: int
-    data_parallel_size: int
-    expert_parallel_size: int  # DeepSpeed-MoE's EP (1 for a dense model); divides the DP size
-    world_size: int
-    rank: int
-    ds_pipeline_enabled: bool  # DeepSpeed's PipelineModule (False: --no-pipeline-parallel)
-    # DeepSpeed-Ulysses (--ds-sequence-parallel-size): a replica is TP x PP x SP ranks, and the
-    # world TP x PP x SP x DP; the data-parallel size above counts replicas
-    sequence_parallel_size: int = 1
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ParallelLayout":
-        """From validated flags (args.rank: set once torch.distributed started)."""
-        return cls(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.data_parallel_size,
-                   args.model_shape.moe_expert_parallel_size, args.world_size, args.rank, args.ds_pipeline_enabled,
-                   args.ds_sequence_parallel_size)
-
-
-@dataclass(frozen=True)
-class Precision:
-    fp16: bool
-    bf16: bool
-    params_dtype: "torch.dtype"
-
-    @property
-    def name(self) -> str:
-        return "fp16" if self.fp16 else ("bf16" if self.bf16 else "fp32")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "Precision":
-        return cls(args.fp16, args.bf16, args.params_dtype)
+    pass
 
 
 @dataclass(frozen=True)
@@ -114,7 +68,7 @@ class OptimizerSettings:
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """The learning-rate schedule (megatron/learning_rates.py: AnnealingLR) in samples, or in
+    """The learning-rate schedule (megatron/schedules/learning_rates.py: AnnealingLR) in samples, or in
     tokens where --lr-warmup-tokens / --lr-decay-tokens give them."""
     max_lr: float
     min_lr: float
@@ -148,11 +102,11 @@ class EvaluationSettings:
 
 @dataclass(frozen=True)
 class DataSettings:
-    """What the data iterators (megatron/training_data.py) and the skipped iterations read; the
+    """What the data iterators (megatron/training/data_iterators.py) and the skipped iterations read; the
     dataset provider keeps its own flags (--data-path, --split, ...)."""
     micro_batch_size: int
     global_batch_size: int
-    train_samples: int  # what the training split is sized for (megatron/microbatches.py: train_samples)
+    train_samples: int  # what the training split is sized for (megatron/schedules/microbatches.py: train_samples)
     num_workers: int
     valid_num_workers: int | None
     skip_train_iteration_range: tuple[tuple[int, int], ...] | None  # inclusive iteration ranges
@@ -182,11 +136,29 @@ class ExitSettings:
 
 
 @dataclass(frozen=True)
-class ResumePlan:
-    """What --load found before the model was built (megatron/checkpoint/resume.py)."""
-    universal_tag: str | None = None                 # --universal-checkpoint: the converted folder's tag
-    reshard_source: tuple[str, int] | None = None    # (load dir, iteration) saved at another layout
-    make_vocab_size_divisible_by: int | None = None  # the divisor that keeps the saved padded vocab
+class Recompute:
+    """Activation recompute as validation resolved it (--checkpoint-activations, Megatron-LM's
+    --recompute-* spellings and the ds_config's activation_checkpointing agree on these three)."""
+    checkpoint_activations: bool
+    method: str | None       # --activations-checkpoint-method: uniform / block, or None
+    num_layers: int          # --checkpoint-num-layers: layers per checkpointed chunk
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Recompute":
+        return cls(bool(args.checkpoint_activations), args.activations_checkpoint_method, args.checkpoint_num_layers)
+
+
+@dataclass(frozen=True)
+class TensorParallelOptions:
+    """What the Trainer installs on the built model across its TP ranks: Megatron's sequence
+    parallelism (--sequence-parallel: norms and row-parallel biases see one sequence shard each, so
+    their gradients are all-reduced over TP) and --sync-tp-duplicated-parameters."""
+    sequence_parallel: bool
+    sync_duplicated_parameters: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TensorParallelOptions":
+        return cls(bool(args.sequence_parallel), bool(args.sync_tp_duplicated_parameters))
 
 
 @dataclass(frozen=True)
@@ -204,7 +176,9 @@ class RunConfig:
     resume: ResumePlan
     logging: LoggingConfig  # the metrics component's section (megatron/metrics/config.py)
     checkpoint: CheckpointConfig  # --save / --load and what they read and write (megatron/checkpoint/config.py)
-    # the ds_config's enabled legacy `curriculum_learning` (sequence-length warm-up, megatron/curriculum.py)
+    recompute: Recompute
+    tensor_parallel: TensorParallelOptions
+    # the ds_config's enabled legacy `curriculum_learning` (sequence-length warm-up, megatron/schedules/curriculum.py)
     curriculum: CurriculumSchedule | None = None
 
     def __post_init__(self) -> None:
@@ -231,7 +205,9 @@ class RunConfig:
             deepspeed_config=_read_only(args.deepspeed_config_dict),
             resume=resume,
             logging=LoggingConfig.from_args(args),
-            checkpoint=CheckpointConfig.from_args(args),
+            checkpoint=CheckpointConfig.from_args(args, parallel, resume=resume),
+            recompute=Recompute.from_args(args),
+            tensor_parallel=TensorParallelOptions.from_args(args),
             curriculum=getattr(args, "curriculum", None),
         )
 
@@ -299,7 +275,7 @@ class FrozenArgs(RunArgs):
                                   f"(megatron/utils.py: cache_parameter_counts)")
         if name not in COUNT_CACHE:
             raise FrozenArgsError(f"args.{name}: args is read-only after initialize_megatron (the run configuration "
-                                  f"is args.run_config, megatron/run_config.py); only the parameter-count cache "
+                                  f"is args.run_config, megatron/config/run_config.py); only the parameter-count cache "
                                   f"(megatron/utils.py) is written later")
         super().__setattr__(name, value)
 

@@ -13,7 +13,7 @@ def apply_log_levels(args: Namespace, rank: int) -> None:
     name = args.log_level if rank == 0 else args.log_level_replica
     if name is None:
         return
-    from megatron.deepspeed_internals import deepspeed_logger
+    from megatron.runtime.deepspeed_internals import deepspeed_logger
     loggers = [logging.getLogger("megatron"), deepspeed_logger()]
     if "transformers" in sys.modules:
         loggers.append(logging.getLogger("transformers"))

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from megatron import mpu
-from megatron.deepspeed_internals import current_loss_scale
 from megatron.model.moe.aux_loss import aux_loss_gradient_scale, take_recorded_moe_losses
+from megatron.runtime.deepspeed_internals import current_loss_scale
 
 
 def average_over_data_parallel(loss: torch.Tensor) -> torch.Tensor:

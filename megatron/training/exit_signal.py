@@ -1,6 +1,6 @@
 """--exit-signal-handler: a rank that receives --exit-signal (SIGTERM by default, Megatron-LM's
 flag), or whose launcher went away, asks for an exit; the Trainer agrees on it with the other ranks
-after the current iteration (megatron/trainer.py, stop_flags) and every rank saves and exits 0.
+after the current iteration (megatron/training/trainer.py, stop_flags) and every rank saves and exits 0.
 
 The handler only sets a flag: a Python signal handler runs between two bytecodes of the main
 thread, and anything heavier there (a save, a collective) could interleave with the collective the

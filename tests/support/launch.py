@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # " iteration  12/  40 | consumed samples: ... | lm loss: 6.4E+00 | ... | samples per second: 17.4 | TFLOPs: 0.01 |"
 _FIELD = re.compile(r" ([a-zA-Z][a-zA-Z ()]*?): +([-+0-9.E]+|nan|inf) \|")  # values may be padded
 _ITERATION = re.compile(r"^ iteration\s+(\d+)/\s*\d+ \|(.*)$", re.MULTILINE)
@@ -76,7 +76,7 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
 
 # what every rank imports: DeepSpeed (its accelerator resolved at import), torch._dynamo (the first
 # torch.optim optimizer imports it, ~2.5 s) and the trainer
-PRELOAD = ["deepspeed", "torch._dynamo", "megatron.training", "pretrain_gpt"]
+PRELOAD = ["deepspeed", "torch._dynamo", "megatron.training.pretrain", "pretrain_gpt"]
 
 
 def preloaded_context() -> multiprocessing.context.ForkServerContext:

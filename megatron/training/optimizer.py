@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 
 from megatron import mpu
-from megatron.deepspeed_internals import set_global_grad_norm, split_moe_param_groups
-from megatron.run_config import OptimizerSettings, Precision
+from megatron.config.run_config import OptimizerSettings
+from megatron.runtime.deepspeed_internals import set_global_grad_norm, split_moe_param_groups
+from megatron.runtime.precision import Precision
 from megatron.utils import is_owned_parameter, moe_parameter_owner
 
 

@@ -4,9 +4,9 @@ from argparse import Namespace
 from collections.abc import Callable, Iterator
 
 from megatron import mpu
-from megatron.arguments import ConfigError
-from megatron.run_config import DataSettings, EvaluationSettings
-from megatron.training_state import TrainingProgress
+from megatron.config.run_config import DataSettings, EvaluationSettings
+from megatron.runtime.refusal import ConfigError
+from megatron.schedules.progress import TrainingProgress
 
 # validation / test: [(group name or None, iterator)], or None when the split is empty
 NamedIterators = list[tuple[str | None, Iterator]] | None

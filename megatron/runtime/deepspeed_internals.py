@@ -32,7 +32,7 @@ def untested_deepspeed_line(version: str) -> str | None:
     if lower <= Version(version) < upper:
         return None
     return (f"WARNING: DeepSpeed {version} is outside the releases this code was tested with "
-            f"(>={lower},<{upper}); megatron/deepspeed_internals.py reaches into DeepSpeed's internals, "
+            f"(>={lower},<{upper}); megatron/runtime/deepspeed_internals.py reaches into DeepSpeed's internals, "
             f"which may differ in this release")
 
 

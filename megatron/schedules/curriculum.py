@@ -1,6 +1,6 @@
 """Sequence-length curriculum learning as both Megatron-DeepSpeed forks run it (issue 31): the
 ds_config's legacy top-level `curriculum_learning` block, which DeepSpeed 0.19 no longer accepts,
-is taken out of the ds_config during validation (megatron/arguments.py) and run here.
+is taken out of the ds_config during validation (megatron/config/arguments.py) and run here.
 
 Iteration i (1-based: the fork asks the schedule for the global step about to run) trains on
 the first `seqlen(i)` tokens of each training sample (tokens, labels and loss mask cut alike);
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from megatron.model.shape import ConfigError
+from megatron.runtime.refusal import ConfigError
 
 SCHEDULE_TYPES = ("fixed_linear", "fixed_root", "fixed_discrete")
 _BLOCK_KEYS = {"enabled", "curriculum_type", "min_difficulty", "max_difficulty", "schedule_type", "schedule_config"}

@@ -5,7 +5,6 @@ metrics and checkpointing, and the loop that trains, evaluates, saves and exits
 Model size and FLOPs per sample are computed once in Trainer.setup_model_and_optimizer (see
 megatron/utils.py); the logger only reads them.
 """
-import copy
 import os
 import time
 from argparse import Namespace
@@ -16,35 +15,24 @@ import deepspeed
 import torch
 
 from megatron import mpu, print_rank_0
-from megatron.checkpoint.config import CheckpointConfig
 from megatron.checkpoint.manager import CheckpointManager, set_rng_state
-from megatron.curriculum import CurriculumSchedule, truncate_sample_batch
-from megatron.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
-from megatron.engine import engine_steps, pop_moe_loss
-from megatron.exit_signal import ExitSignalHandler
-from megatron.global_vars import get_timers
-from megatron.learning_rates import AnnealingLR
-from megatron.metrics.config import LoggingConfig
+from megatron.config.run_config import ExitSettings, LRSchedule, RunConfig
 from megatron.metrics.processor import MetricsProcessor
 from megatron.metrics.split_comparison import split_comparison_lines
 from megatron.metrics.training_log import IntervalStats
-from megatron.microbatches import NumMicroBatchesCalculator, num_train_iterations
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
-from megatron.optimizer import build_optimizer, uses_own_clipping
-from megatron.run_config import (
-    BatchSchedule,
-    DataSettings,
-    EvaluationSettings,
-    ExitSettings,
-    LRSchedule,
-    OptimizerSettings,
-    ParallelLayout,
-    Precision,
-)
-from megatron.skip_iterations import skip_iteration, skipped_range
-from megatron.training_data import NamedIterators, build_data_iterators
-from megatron.training_state import TrainingProgress
+from megatron.runtime.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
+from megatron.runtime.global_vars import get_timers
+from megatron.schedules.curriculum import CurriculumSchedule, truncate_sample_batch
+from megatron.schedules.learning_rates import AnnealingLR
+from megatron.schedules.microbatches import NumMicroBatchesCalculator, num_train_iterations
+from megatron.schedules.progress import TrainingProgress
+from megatron.schedules.skip_iterations import skip_iteration, skipped_range
+from megatron.training.data_iterators import NamedIterators, build_data_iterators
+from megatron.training.engine import engine_steps, pop_moe_loss
+from megatron.training.exit_signal import ExitSignalHandler
+from megatron.training.optimizer import build_optimizer, uses_own_clipping
 from megatron.utils import (
     cache_parameter_counts,
     check_parameter_counts,
@@ -107,23 +95,24 @@ class Trainer:
     def __init__(self, args: Namespace, model_provider: Callable, forward_step_func: Callable,
                  hooks: TrainerHooks | None = None, start_time: float | None = None) -> None:
         self.args = args
-        # its sections of the run configuration (megatron/run_config.py); a Trainer built from flags
-        # that initialize_megatron has not frozen (tests, benchmarks) builds them the same way
-        config = getattr(args, "run_config", None)
-        self.lr_schedule = config.lr_schedule if config else LRSchedule.from_args(args)
-        self.batch = config.batch if config else BatchSchedule.from_args(args)
-        self.data = config.data if config else DataSettings.from_args(args)
-        self.evaluation = config.evaluation if config else EvaluationSettings.from_args(args)
-        self.exit = config.exit if config else ExitSettings.from_args(args)
-        self.optimizer_settings = config.optimizer if config else OptimizerSettings.from_args(args)
-        self.precision = config.precision if config else Precision.from_args(args)
-        self.parallel = config.parallel if config else ParallelLayout.from_args(args)
-        self.shape = config.model_shape if config else args.model_shape
-        # the ds_config's sequence-length curriculum (megatron/curriculum.py), or None
-        self.curriculum: CurriculumSchedule | None = config.curriculum if config else getattr(args, "curriculum", None)
+        # its sections of the run configuration (megatron/config/run_config.py), built once by
+        # initialize_megatron: the one way to make a Trainer (tests and benchmarks go through it too)
+        config: RunConfig = args.run_config
+        self.config = config
+        self.lr_schedule = config.lr_schedule
+        self.batch = config.batch
+        self.data = config.data
+        self.evaluation = config.evaluation
+        self.exit = config.exit
+        self.optimizer_settings = config.optimizer
+        self.precision = config.precision
+        self.parallel = config.parallel
+        self.shape = config.model_shape
+        # the ds_config's sequence-length curriculum (megatron/schedules/curriculum.py), or None
+        self.curriculum: CurriculumSchedule | None = config.curriculum
         self.seqlen = self.batch.seq_length  # the length the running (or last) training iteration trains at
         # a plain deep copy (DeepSpeed may write into the dict it is given)
-        self.deepspeed_config = config.deepspeed_config_dict() if config else copy.deepcopy(args.deepspeed_config_dict)
+        self.deepspeed_config = config.deepspeed_config_dict()
         self.hooks = hooks or TrainerHooks()
         self.start_time = time.time() if start_time is None else start_time
         self.progress = TrainingProgress()
@@ -133,11 +122,8 @@ class Trainer:
         self.test_iters: NamedIterators = None
         self.exit_signal: ExitSignalHandler | None = None  # --exit-signal-handler, while train() runs
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
-        self.metrics = MetricsProcessor(config.logging if config else LoggingConfig.from_args(args), cache=args)
-        self.checkpointer = (CheckpointManager.from_run_config(config) if config else
-                             CheckpointManager(CheckpointConfig.from_args(args), self.shape, self.parallel,
-                                               self.precision, self.optimizer_settings.zero_stage,
-                                               self.batch.seq_length))
+        self.metrics = MetricsProcessor(config.logging, cache=args)
+        self.checkpointer = CheckpointManager(config.checkpoint)
         self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, self.parallel.ds_pipeline_enabled,
@@ -148,9 +134,10 @@ class Trainer:
     def setup_model_and_optimizer(self, model_provider: Callable) -> None:
         args = self.args
         model = model_provider(args)
-        if args.sync_tp_duplicated_parameters:
+        if self.config.tensor_parallel.sync_duplicated_parameters:
             install_tp_duplicate_sync(model, mpu)
-        if args.sequence_parallel:  # norms and row-parallel biases saw one sequence shard each
+        # Megatron SP: norms and row-parallel biases saw one sequence shard each
+        if self.config.tensor_parallel.sequence_parallel:
             mpu.install_sequence_parallel_grad_allreduce(model)
         # the one and only parameter count of the run
         self.counts = compute_parameter_counts(model, mpu, self.shape)  # stops on a parameter the table lacks
@@ -158,8 +145,8 @@ class Trainer:
         check_parameter_counts(self.counts, self.shape)  # stops on a count that differs from the table's
         cache_parameter_counts(args, self.counts)
         report = format_parameter_report(self.counts, self.shape, self.parallel.data_parallel_size,
-                                         args.checkpoint_activations, args.activations_checkpoint_method,
-                                         args.checkpoint_num_layers, flops=args.flops_per_sample,
+                                         self.config.recompute.checkpoint_activations, self.config.recompute.method,
+                                         self.config.recompute.num_layers, flops=args.flops_per_sample,
                                          sequence_parallel_size=self.parallel.sequence_parallel_size)
         for line in report:
             print_rank_0(line)
@@ -179,7 +166,7 @@ class Trainer:
         self.lr_scheduler = _build_lr_scheduler(optimizer, self.lr_schedule)
         config = self.deepspeed_config
         if own_clipping:
-            config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/optimizer.py)
+            config["gradient_clipping"] = 0.0  # the optimizer hook clips (see megatron/training/optimizer.py)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                mpu=None if self.parallel.ds_pipeline_enabled else mpu)
         weight_holders = self.parallel.data_parallel_size * self.parallel.sequence_parallel_size
@@ -206,7 +193,7 @@ class Trainer:
         return rng_state
 
     def build_data_iterators(self, dataset_provider: Callable, batch_fn: Callable) -> None:
-        """The splits' iterators, from where the progress stands (megatron/training_data.py)."""
+        """The splits' iterators, from where the progress stands (megatron/training/data_iterators.py)."""
         def watched(data: Any) -> Any:  # a batch as the loader yields it; batch_fn's result
             self.hooks.on_batch(self, data)
             return batch_fn(data)
@@ -336,7 +323,7 @@ class Trainer:
 
     def _skip_iteration(self, announced: set) -> bool:
         """--skip-train-iteration-range: read and drop this iteration's batches
-        (megatron/skip_iterations.py); True when this iteration was skipped."""
+        (megatron/schedules/skip_iterations.py); True when this iteration was skipped."""
         skipped = skipped_range(self.data.skip_train_iteration_range, self.progress.iteration + 1)
         if not skipped:
             return False

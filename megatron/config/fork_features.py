@@ -6,11 +6,11 @@ expects a training this trainer would not do)."""
 import argparse
 from typing import Any
 
-from megatron.model.shape import ConfigError
-from megatron.model.shape import require as _require
+from megatron.runtime.refusal import ConfigError
+from megatron.runtime.refusal import require as _require
 
 # flag -> (argparse keywords, the feature named in the refusal). Spellings and value types as the
-# forks define them (Microsoft's megatron/arguments.py; muP and --no-train from BigScience's tr14 /
+# forks define them (Microsoft's megatron/config/arguments.py; muP and --no-train from BigScience's tr14 /
 # tr7b scripts, which ran on branches of their fork)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "--kd": ({"action": "store_true"}, "knowledge distillation (Microsoft)"),
@@ -53,7 +53,7 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("fork features (megatron/fork_features.py)")
+    g = parser.add_argument_group("fork features (megatron/config/fork_features.py)")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
                    help="full = --activations-checkpoint-method (--recompute-method); selective: no effect")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None)
@@ -99,7 +99,7 @@ def refuse_and_map(args: argparse.Namespace) -> None:
 def map_recompute(args: argparse.Namespace) -> None:
     """Microsoft's fork: --recompute-granularity full --recompute-method {uniform,block}
     --recompute-num-layers N recomputes what --activations-checkpoint-method / -num-layers N do here
-    (both forks' older spelling; megatron/arguments.py resolves it): uniform, chunks of N layers;
+    (both forks' older spelling; megatron/config/arguments.py resolves it): uniform, chunks of N layers;
     block, the first N layers of each stage (the fork's pipeline model ignores block and recomputes
     nothing: the same math, other memory). --checkpoint-activations, when also given, wins with
     its own --checkpoint-num-layers, as in the fork. Also run by tools/param_count.py, so its FLOPs

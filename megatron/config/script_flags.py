@@ -1,11 +1,11 @@
 """Flags that the forks' published launch scripts pass and that change neither the model nor the
 training here: each is accepted so the script runs unchanged, and the ones a user actually passed
-are named in one startup line on rank 0 (README, "Flags accepted with no effect", says why each
+are named in one startup line on rank 0 (docs/flags.md, "Flags accepted with no effect", says why each
 has no effect). A flag that changes what is trained or what a user reads is never listed here."""
 from argparse import ArgumentParser, Namespace
 from collections.abc import Iterable
 
-# flag -> why it has no effect in this trainer (README's table says the same in more words)
+# flag -> why it has no effect in this trainer (docs/flags.md says the same in more words)
 NO_EFFECT = {
     "--no-masked-softmax-fusion": "no fused kernels are used",
     "--no-bias-gelu-fusion": "no fused kernels are used",
@@ -48,4 +48,4 @@ def no_effect_line(args: Namespace) -> str | None:
               and not (flag in EFFECTIVE_WHEN and getattr(args, EFFECTIVE_WHEN[flag][0]) == EFFECTIVE_WHEN[flag][1])]
     if not passed:
         return None
-    return "accepted, no effect: " + ", ".join(passed) + " (README.md, 'Flags accepted with no effect', says why)"
+    return "accepted, no effect: " + ", ".join(passed) + " (docs/flags.md, 'Flags accepted with no effect', says why)"

@@ -17,6 +17,32 @@ import sys
 import time
 from typing import NoReturn
 
+
+class ConfigError(ValueError):
+    """A bad flag combination. Its message is one line naming the flag and the fix."""
+
+
+def require(cond: object, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+# the value rules of single flags, one wording for the trainer, tools/param_count.py and the shape
+def require_positive(flag: str, value: float | None) -> None:
+    """Sizes, counts and intervals: None (not given) or > 0."""
+    require(value is None or value > 0, f"{flag} {value} must be positive")
+
+
+def require_non_negative(flag: str, value: float | None) -> None:
+    require(value is None or value >= 0, f"{flag} {value} must be >= 0")
+
+
+def require_fraction(flag: str, value: float | None, below_one: bool = False) -> None:
+    """A probability or fraction: in [0, 1] (or [0, 1) where 1 breaks the math, as for Adam's betas)."""
+    ok = value is None or (0 <= value < 1 if below_one else 0 <= value <= 1)
+    require(ok, f"{flag} {value} must be in [0, {'1)' if below_one else '1]'}")
+
+
 EXIT_CODE = 2  # argparse's, for every refusal
 WAIT_FOR_RANK_0_S = 30.0  # rank 0 runs the same checks; a launcher stops the job within this
 

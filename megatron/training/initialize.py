@@ -11,14 +11,18 @@ import numpy as np
 import torch
 
 from megatron import mpu
-from megatron.arguments import ConfigError, parse_args, validate_args
-from megatron.global_vars import set_args, set_tokenizer
-from megatron.run_config import FrozenArgs, ParallelLayout, Precision, ResumePlan, RunArgs, RunConfig, freeze_args
+from megatron.checkpoint.config import ResumePlan
+from megatron.config.arguments import parse_args
+from megatron.config.run_config import FrozenArgs, RunArgs, RunConfig, freeze_args
+from megatron.config.validation import validate_args
+from megatron.runtime.global_vars import set_args, set_tokenizer
+from megatron.runtime.parallel_layout import ParallelLayout
+from megatron.runtime.refusal import ConfigError
 
 
 def initialize_megatron(extra_args_provider: Callable | None = None, args_list: list[str] | None = None) -> FrozenArgs:
     """Returns args, read-only from here on; the run's configuration as immutable values is
-    args.run_config (megatron/run_config.py)."""
+    args.run_config (megatron/config/run_config.py)."""
     args = validate_args(parse_args(extra_args_provider, args_list))
     layout = _initialize_distributed(args)
     _startup_lines(args)
@@ -32,7 +36,7 @@ def disable_deepspeed_shm_comm() -> None:
     """On CPU, DeepSpeed all-reduces through a JIT-compiled shared-memory op whose buffers stay in
     /dev/shm after the run (gigabytes per run, until the machine runs out of memory). gloo's own
     all-reduce does the same job and leaves nothing behind."""
-    from megatron.deepspeed_internals import disable_shm_comm_op
+    from megatron.runtime.deepspeed_internals import disable_shm_comm_op
     disable_shm_comm_op()
 
 
@@ -42,7 +46,7 @@ def _initialize_distributed(args: RunArgs) -> ParallelLayout:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.deepspeed_internals import check_deepspeed_version
+    from megatron.runtime.deepspeed_internals import check_deepspeed_version
 
     if not torch.cuda.is_available():
         disable_deepspeed_shm_comm()
@@ -77,8 +81,8 @@ def _startup_lines(args):
     """Logger levels first (DeepSpeed logs from here on), then on rank 0 what validation had to say:
     the flags accepted with no effect, a --clip-grad that DeepSpeed's clipping overrides."""
     from megatron import print_rank_0
-    from megatron.log_levels import apply_log_levels
-    from megatron.script_flags import no_effect_line
+    from megatron.config.script_flags import no_effect_line
+    from megatron.runtime.log_levels import apply_log_levels
     apply_log_levels(args, args.rank)
     for line in [no_effect_line(args)] + getattr(args, "startup_notes", []):
         if line:
@@ -105,8 +109,7 @@ def _build_tokenizer(args, layout: ParallelLayout | None = None) -> ResumePlan:
         from megatron.checkpoint.config import CheckpointConfig
         from megatron.checkpoint.manager import CheckpointManager
         # the checkpoint is checked against this run's completed shape
-        manager = CheckpointManager(CheckpointConfig.from_args(args), shape, layout, Precision.from_args(args),
-                                    args.zero_stage, args.seq_length)
+        manager = CheckpointManager(CheckpointConfig.from_args(args, layout, shape))
         resume = manager.plan_resume()
         if resume.make_vocab_size_divisible_by is not None:
             shape = dataclasses.replace(shape, make_vocab_size_divisible_by=resume.make_vocab_size_divisible_by)
