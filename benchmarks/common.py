@@ -5,6 +5,7 @@ import io
 import logging
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported anywhere
@@ -14,6 +15,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # tests/support/launch.py starts ranks for the benchmarks too
+    sys.path.insert(0, ROOT)
 
 
 def add_model_args(parser, layers=4, hidden=512, heads=8, seq=512, micro_batch=4, vocab=8192):

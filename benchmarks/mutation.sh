@@ -12,7 +12,7 @@
 # function). Prints one table row per module (mutants, killed, survived, timeout, no tests: a
 # mutated function none of the module's tests reaches, other: suspicious/segfault) and
 # leaves `mutmut results` / `mutmut show <mutant>` usable in the scratch copy.
-# The table in README.md's Tests section was made with this script; after adding tests, a pass's
+# The table in docs/testing.md was made with this script; after adding tests, a pass's
 # survivors were re-checked in its scratch copy: copy the new test files into both $dir/tests and
 # $dir/mutants/tests, then `mutmut run NAME ...` there with the names `mutmut results` lists as survived.
 set -euo pipefail
@@ -24,15 +24,15 @@ JOBS="${MUTATION_JOBS:-1}"
 # stay in this process: mutmut records which tests reach a mutated function by running them, and
 # cannot see (nor time) the ranks that run_distributed / deepspeed launches start.
 declare -A MODULES=(
-  [mfu]="megatron/metrics/mfu.py|tests/test_mfu.py tests/test_mfu_peak_resolution.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
-  [learning_rates]="megatron/schedules/learning_rates.py|tests/test_learning_rates.py tests/test_lr_schedule_edges.py"
-  [param_count]="tools/param_count.py|tests/test_param_count_main.py"
-  [training_log]="megatron/metrics/training_log.py|tests/test_claims_logging.py tests/test_log_line_optional_fields.py tests/test_log_event_files.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
-  [memory]="megatron/metrics/memory.py|tests/test_memory_rules.py tests/test_memory_report.py tests/test_memory_sequence_parallel.py tests/test_breakdowns_by_hand.py::test_memory_rows_by_hand_fp32_zero0 tests/test_breakdowns_by_hand.py::test_memory_rows_by_hand_bf16_zero1_dp2"
-  [partition]="megatron/model/partition.py|tests/test_partition_rules.py tests/test_pipeline_partition.py::test_deepspeed_methods_on_bloom_176b tests/test_pipeline_partition.py::test_flops_balances_flops_on_bloom_176b tests/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage"
-  [shape]="megatron/model/shape.py|tests/test_shape_rules.py tests/test_variant_config.py::test_both_forks_spellings_give_one_shape tests/test_variant_config.py::test_llama_count_by_hand tests/test_seed_counts.py::test_padded_vocab"
-  [analytic]="megatron/model/analytic.py|tests/test_flops.py::test_formula_terms_by_hand tests/test_variant_config.py::test_llama_count_by_hand tests/test_variant_config.py::test_describe_and_report_name_the_variant tests/test_mfu.py tests/test_moe.py::test_table_names_the_experts_by_global_index tests/test_variants.py::test_untied_last_stage_holds_no_embedding_copy tests/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage tests/test_partition_rules.py tests/test_analytic_by_hand.py tests/test_memory_rules.py tests/test_memory_report.py"
-  [utils]="megatron/utils.py|tests/test_utils_counts_in_process.py tests/test_mfu.py tests/test_variant_config.py::test_describe_and_report_name_the_variant tests/test_param_count_main.py tests/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
+  [mfu]="megatron/metrics/mfu.py|tests/unit/test_mfu.py tests/unit/test_mfu_peak_resolution.py tests/unit/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
+  [learning_rates]="megatron/schedules/learning_rates.py|tests/unit/test_learning_rates.py tests/unit/test_lr_schedule_edges.py"
+  [param_count]="tools/param_count.py|tests/unit/test_param_count_main.py"
+  [training_log]="megatron/metrics/training_log.py|tests/unit/test_claims_logging.py tests/unit/test_log_line_optional_fields.py tests/unit/test_log_event_files.py tests/unit/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
+  [memory]="megatron/metrics/memory.py|tests/unit/test_memory_rules.py tests/unit/test_memory_report.py tests/unit/test_memory_sequence_parallel.py tests/unit/test_breakdowns_by_hand.py::test_memory_rows_by_hand_fp32_zero0 tests/unit/test_breakdowns_by_hand.py::test_memory_rows_by_hand_bf16_zero1_dp2"
+  [partition]="megatron/model/partition.py|tests/unit/test_partition_rules.py tests/integration/test_pipeline_partition.py::test_deepspeed_methods_on_bloom_176b tests/integration/test_pipeline_partition.py::test_flops_balances_flops_on_bloom_176b tests/integration/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage"
+  [shape]="megatron/model/shape.py|tests/unit/test_shape_rules.py tests/integration/test_variant_config.py::test_both_forks_spellings_give_one_shape tests/integration/test_variant_config.py::test_llama_count_by_hand tests/integration/test_seed_counts.py::test_padded_vocab"
+  [analytic]="megatron/model/analytic.py|tests/integration/test_flops.py::test_formula_terms_by_hand tests/integration/test_variant_config.py::test_llama_count_by_hand tests/integration/test_variant_config.py::test_describe_and_report_name_the_variant tests/unit/test_mfu.py tests/integration/test_moe.py::test_table_names_the_experts_by_global_index tests/integration/test_variants.py::test_untied_last_stage_holds_no_embedding_copy tests/integration/test_pipeline_partition.py::test_flops_puts_the_weightless_moe_loss_item_with_the_later_stage tests/unit/test_partition_rules.py tests/unit/test_analytic_by_hand.py tests/unit/test_memory_rules.py tests/unit/test_memory_report.py"
+  [utils]="megatron/utils.py|tests/unit/test_utils_counts_in_process.py tests/unit/test_mfu.py tests/integration/test_variant_config.py::test_describe_and_report_name_the_variant tests/unit/test_param_count_main.py tests/unit/test_breakdowns_by_hand.py::test_log_line_tflops_and_mfu_of_a_real_model_by_hand"
 )
 ORDER=(mfu learning_rates param_count training_log memory partition shape analytic utils)
 [ $# -gt 0 ] && ORDER=("$@")

@@ -8,6 +8,20 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported a
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unit: fast, in-process (tests/unit/): `python -m pytest -q -m unit tests`")
+    config.addinivalue_line("markers", "integration: real multi-process launches (tests/integration/)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test is marked by its folder, so `-m unit` runs the fast part alone."""
+    for item in items:
+        kind = os.path.basename(os.path.dirname(str(item.path)))
+        if kind in ("unit", "integration"):
+            item.add_marker(getattr(pytest.mark, kind))
+
+
 @pytest.fixture
 def entry_point(monkeypatch, capsys):
     """Runs pretrain_gpt.main(flags) in this process; returns (exit code, stderr lines, builds).

@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# what deepspeed.add_config_arguments adds to the trainer's parser (tests/test_param_count_tool.py
+# what deepspeed.add_config_arguments adds to the trainer's parser (tests/integration/test_param_count_tool.py
 # checks the list against the installed DeepSpeed); importing DeepSpeed here would import torch
 DEEPSPEED_FLAGS = {"--deepspeed": 0, "--deepspeed_config": 1, "--deepscale": 0, "--deepscale_config": 1}
 

@@ -102,7 +102,7 @@ def take(hidden_states: torch.Tensor) -> torch.Tensor:
 # (DeepSpeed's _synchronize_tied_weights) with grad mode on; c10d::broadcast_ has no autograd kernel,
 # so torch's fallback hooks the mutated leaf parameter with a hook that only warns when its
 # gradient is computed: once per rank, in the first backward. The hook passes the gradient through
-# unchanged (tests/test_pipeline.py: with the warning raised, every PP=2 update equals PP=1's, the
+# unchanged (tests/integration/test_pipeline.py: with the warning raised, every PP=2 update equals PP=1's, the
 # tied embedding's included), so this exact message is filtered and nothing else.
 TIED_BROADCAST_WARNING = r"c10d::broadcast_: an autograd kernel was not registered to the Autograd key"
 

@@ -4,7 +4,7 @@ deepspeed.moe.* besides the MoE layer, deepspeed.utils, deepspeed.checkpoint, de
 the functions this code base swaps for its own. The rest of the tree uses DeepSpeed's public API
 only (deepspeed.initialize / init_distributed / add_config_arguments, deepspeed.pipe,
 deepspeed.checkpointing, deepspeed.accelerator, deepspeed.moe.layer.MoE and the engine's public
-methods); tests/test_deepspeed_internals.py checks that.
+methods); tests/unit/test_deepspeed_internals.py checks that.
 
 Each function says why the public API does not suffice. Internals change between releases, so
 `check_deepspeed_version` prints one line at startup when the installed DeepSpeed is outside the

@@ -19,7 +19,7 @@ def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callab
              hooks: TrainerHooks | None = None) -> tuple[Namespace, TrainingProgress]:
     """forward_step_func(batch, model) -> loss for the non-pipeline engine; batch_fn(data) ->
     (inputs, labels) for the pipeline engine. Returns (args, progress) when the run ends.
-    `hooks`: a TrainerHooks that watches the run (tests/pretrain_driver.py records through one)."""
+    `hooks`: a TrainerHooks that watches the run (tests/support/pretrain_driver.py records through one)."""
     start = time.time()
     args = initialize_megatron(extra_args_provider, args_list)
     # BigScience: a kill switch present at startup ends the job at once; no Trainer was built, so no

@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def launcher_env(num_ranks: int, master_port: int) -> dict[str, str]:
     """What DeepSpeed's per-node launcher (deepspeed.launcher.launch) sets for the ranks of one node
-    on CPU, besides RANK and LOCAL_RANK (tests/test_launch.py compares it with the launcher's)."""
+    on CPU, besides RANK and LOCAL_RANK (tests/integration/test_launch.py compares it with the launcher's)."""
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port), "WORLD_SIZE": str(num_ranks),
             "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": str(num_ranks),
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(num_ranks)))}  # its CPU accelerator sets it too
@@ -43,8 +43,8 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
     (`launcher_env`, RANK, LOCAL_RANK); when a rank fails the others are stopped and its exit code
     is the launch's, as there. DeepSpeed's runner and launcher are two processes that each import
     torch and DeepSpeed before any rank starts (~4 s apiece), so they are left out here;
-    tests/test_launch.py checks that the ranks see the same as under DeepSpeed's launcher, and the
-    README's example scripts, tested in tests/test_examples.py, go through the `deepspeed` command.
+    tests/integration/test_launch.py checks that the ranks see the same as under DeepSpeed's launcher, and the
+    README's example scripts, tested in tests/integration/test_examples.py, go through the `deepspeed` command.
 
     fork=True (the tests): each rank is forked from `preloaded_context()`'s server instead of
     starting a fresh interpreter that imports torch, DeepSpeed and torch._dynamo (~6 s of CPU per

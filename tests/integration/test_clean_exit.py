@@ -1,0 +1,69 @@
+"""A finished run exits 0, with everything it wrote on disk; a run that fails still exits non-zero.
+
+Before the fix, about one short PP=2 launch in eight ended its last iteration and then died in
+interpreter teardown (`terminate called without an active exception`, status 250) while gloo's
+threads released the last collective's tensors. The launches here go through pretrain_gpt.py's
+own entry point (every other launch of the suite goes through tests/support/pretrain_driver.py, which
+ends the same way, and checks its exit code too)."""
+import os
+import subprocess
+import sys
+
+from tests.support.launch import ROOT, logged_iterations, run_deepspeed
+from tests.support.launcher import TINY
+
+ITERS = 3
+RUN = TINY + ["--global-batch-size", 4, "--train-iters", ITERS, "--eval-iters", 0, "--tensorboard-queue-size", 1000]
+
+
+def _last_scalar_steps(tb_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def test_short_runs_at_pp2_and_tp2_exit_0(tmp_path):
+    # one of each: every other launch in the suite checks its exit status too (about 30 of them)
+    for launch, layout in enumerate([["--pipeline-model-parallel-size", 2], ["--tensor-model-parallel-size", 2]]):
+        tb = tmp_path / f"tb{launch}"
+        proc = run_deepspeed(2, "pretrain_gpt.py", RUN + layout + ["--tensorboard-dir", tb], timeout=600)
+        # 0 only if both ranks exited 0 (run_deepspeed returns the first failing rank's code)
+        assert proc.returncode == 0, f"launch {launch} {layout}: exit {proc.returncode}\n{proc.stdout[-4000:]}"
+        assert "terminate called" not in proc.stdout
+        assert sorted(logged_iterations(proc.stdout)) == list(range(1, ITERS + 1))
+        # the TensorBoard writer (on the last rank, 1000 events queued) was flushed before the exit
+        assert _last_scalar_steps(tb, "lm-loss-training/lm loss") == list(range(1, ITERS + 1))
+
+
+def test_exit_runs_the_exit_handlers_and_flushes_but_skips_teardown():
+    """exit_after_success, in a process of its own: buffered output and registered exit handlers
+    (logging's flush, a library's clean-up) happen; the interpreter's teardown (here a destructor
+    that would change the exit code) does not."""
+    code = ("import atexit, sys\n"
+            "from megatron.runtime.process_exit import exit_after_success\n"
+            "atexit.register(lambda: print('exit handler ran'))\n"
+            "class Teardown:\n"
+            "    def __del__(self):\n"
+            "        print('teardown ran')\n"
+            "keep = Teardown()\n"
+            "sys.stdout.write('buffered, no newline')\n"
+            "exit_after_success()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "buffered, no newlineexit handler ran\n"
+
+
+def test_a_run_that_fails_after_training_exits_non_zero(tmp_path):
+    """The checkpoint save at the end of training fails (--save under a regular file): the
+    exception unwinds through the interpreter and the exit status says so."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cmd = [sys.executable, "pretrain_gpt.py"] + [str(f) for f in RUN + ["--save", blocker / "ckpt"]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, DS_ACCELERATOR="cpu", WORLD_SIZE="1", OMP_NUM_THREADS="1",
+                                   PYTHONPATH=ROOT))
+    assert f" iteration        {ITERS}/" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode not in (0, 2), proc.stderr[-3000:]
+    assert "Traceback" in proc.stderr
