@@ -38,6 +38,16 @@ def test_every_file_a_command_names_exists():
     assert missing == []
 
 
+def test_every_source_path_the_text_names_exists():
+    """A module moved or renamed leaves no stale path behind in the prose."""
+    path = re.compile(r"(?<![\w/.-])((?:megatron|tools|tests|benchmarks|examples)/[\w/.-]*\.(?:py|sh|json))\b")
+    missing = []
+    for page in PAGES:
+        missing += [f"{os.path.relpath(page, ROOT)}: {name}" for name in path.findall(_read(page))
+                    if not os.path.isfile(os.path.join(ROOT, name))]
+    assert missing == []
+
+
 def test_every_docs_page_is_linked_from_the_readme():
     readme = _read(os.path.join(ROOT, "README.md"))
     unlinked = [os.path.relpath(p, ROOT) for p in PAGES[1:] if f"(docs/{os.path.basename(p)}" not in readme]
