@@ -8,6 +8,9 @@ which the restart renames back: remove_stale); the next save of that
 iteration (also on fewer ranks) starts from an empty directory, so no other DP size's files can
 end up beside its own.
 
+A run stopped by a loss check moves the trackers back (untrack): the checkpoints whose weights
+gave the bad loss are renamed global_stepN.suspect, whole, after the trackers have moved.
+
 A write that fails (a full disk) is agreed by every rank and is one line: the path, the bytes
 needed (the last checkpoint's size, from its manifest) and free; the partial directory goes and
 the previous checkpoint stays intact and tracked. With the last checkpoint's size known, a disk
