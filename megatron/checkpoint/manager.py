@@ -206,7 +206,10 @@ class CheckpointManager:
         keep = max((n for n in self.lineage if n < first_suspect), default=None)
         where = None
         if self.parallel.rank == 0:
-            where = self._untrack(save, suspects, keep)
+            try:
+                where = self._untrack(save, suspects, keep)
+            except ConfigError as e:  # a garbled tracker: said, and every rank still leaves together
+                where = str(e)
         return from_rank_0(where)
 
     def _untrack(self, save: str, suspects: list[int], keep: int | None) -> str:
