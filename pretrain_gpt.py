@@ -11,7 +11,8 @@ from megatron.model.gpt_model import GPTModel, GPTModelPipe
 from megatron.model.moe import create_expert_groups
 from megatron.runtime.refusal import ConfigError
 
-# a run stopped by --check-for-nan-in-loss-and-grad (2: a configuration error; 0: finished or saved and exited)
+# a run stopped by --check-for-nan-in-loss-and-grad or --check-for-spiky-loss (2: a configuration error; 0:
+# finished or saved and exited)
 NON_FINITE_EXIT_CODE = 3
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_sam
 def main(args_list: list[str] | None = None,
          hooks: "TrainerHooks | None" = None) -> "tuple[Namespace, TrainingProgress]":
     """hooks: a megatron.training.TrainerHooks that watches the run (tests/pretrain_driver.py)."""
-    from megatron.training import NonFiniteLoss, pretrain
+    from megatron.training import LossCheckStop, pretrain
     try:
         return pretrain(train_valid_test_datasets_provider, model_provider, forward_step, get_batch,
                         args_list=args_list, hooks=hooks)
@@ -84,7 +85,7 @@ def main(args_list: list[str] | None = None,
         # job (global rank 0), every rank exiting with code 2 (megatron/runtime/refusal.py)
         from megatron.runtime.refusal import exit_refused
         exit_refused("pretrain_gpt.py", str(e))
-    except NonFiniteLoss:  # its one line is out (rank 0); nothing was saved at that iteration
+    except LossCheckStop:  # its one line is out (rank 0); nothing was saved at that iteration
         sys.exit(NON_FINITE_EXIT_CODE)
 
 

@@ -7,8 +7,8 @@ Timing in-process rather than parsing "elapsed time per iteration" from a launch
 both loops alternate round by round in the same process and thread pool, so machine noise
 lands on both alike, and nothing outside the step (launcher, startup, logging) is counted.
 
-It also times what the loop adds after each step: the NaN check (Trainer.non_finite, on by
-default: one MAX all-reduce of one float), in this process (world size 1) and, for the collective's
+It also times what the loop adds after each step: the NaN check (Trainer.check_loss, on by
+default: one MAX all-reduce of two floats), in this process (world size 1) and, for the collective's
 own latency between ranks, a gloo all-reduce of one float between two processes on this host.
 The exit flags (Trainer.agree_on_stop) add a second such all-reduce only when --exit-duration-in-mins,
 --kill-switch-path or --exit-signal-handler is given.
@@ -94,11 +94,11 @@ def main() -> None:
     print(common.table(["runner", "ms / step", "tokens / s", "tokens/s vs plain"], rows))
     print(rounds.note())
 
-    # the NaN check after each iteration (on by default): one all-reduce of one float
+    # the NaN check after each iteration (on by default): one all-reduce of two floats
     loss, step = ours.step(), common.median(seconds["ours: pipeline engine (default path), TP=1 PP=1"])
-    check = _time_calls(lambda: ours.trainer.non_finite(loss), 2000)
+    check = _time_calls(lambda: ours.trainer.check_loss(loss), 2000)
     between = two_rank_allreduce_seconds()
-    print(f"NaN check per iteration (one all-reduce of 1 float): "
+    print(f"NaN check per iteration (one all-reduce of 2 floats): "
           f"{1e6 * check:.0f} us in this process (world size 1), {100 * check / step:.3f}% of a step; "
           f"the all-reduce between 2 gloo processes on this host: {1e6 * between:.0f} us")
 

@@ -8,6 +8,7 @@ dataclass, serialised to megatron_layout.json and into every mp_rank file's clie
   DIR/latest                               "global_stepN", the tag DeepSpeed's own tools read
   DIR/latest_checkpointed_iteration.txt    "N", the tracker Megatron reads
   DIR/latest_universal                     the tag of DeepSpeed's ds_to_universal.py output
+  DIR/global_stepN.suspect                 untracked: its weights gave a bad loss (writer.untrack)
 Key names and values on disk are the ones checkpoints have always carried, so every checkpoint
 written before loads; tests/unit/test_checkpoint_files.py holds them by hand.
 Torch-free: tools read layouts without building anything.

@@ -23,6 +23,7 @@ from megatron.checkpoint.layout import (
     CheckpointLayout,
     read_tracker,
     require_step_dir,
+    saved_iterations,
     step_tag,
     write_layout,
     write_model_info,
@@ -32,7 +33,7 @@ from megatron.checkpoint.manifest import MANIFEST, ManifestError, read_manifest,
 from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
 from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
 from megatron.checkpoint.universal import attach_universal_checkpoint_info
-from megatron.checkpoint.writer import remove_stale, write_iteration
+from megatron.checkpoint.writer import remove_stale, untrack, write_iteration
 from megatron.runtime.refusal import ConfigError
 from megatron.schedules.progress import TrainingProgress, saved_progress
 
@@ -80,6 +81,9 @@ class CheckpointManager:
         self.seq_length = config.seq_length
         self.resume = config.resume
         self._lock: SaveDirLock | None = None
+        # the iterations of --save DIR this run's weights came through: those at or below the one it
+        # loaded from DIR, then those it saved (what a loss check's stop may untrack: untrack_from)
+        self.lineage: list[int] = []
 
     @property
     def layout(self) -> CheckpointLayout:
@@ -186,7 +190,42 @@ class CheckpointManager:
 
         write_iteration(config.save, iteration, write_shards, write_ours)
         progress.last_saved_iteration = iteration
+        self.lineage.append(iteration)
         print_rank_0(f"saved checkpoint at iteration {iteration} to {config.save}")
+
+    def untrack_from(self, first_suspect: int) -> str:
+        """After a loss check stopped the run (every rank; rank 0 moves the files): the weights of
+        iteration `first_suspect` (the last update before the bad loss) produced it, and every
+        checkpoint of the lineage from there on holds them. Those are kept untracked
+        (writer.untrack) and the trackers go back to the newest checkpoint of the lineage before
+        them. Returns what --save DIR now tracks, for the stop line (the same text on every rank)."""
+        save = self.config.save
+        if not save:
+            return "no --save directory"
+        suspects = [n for n in self.lineage if n >= first_suspect]
+        keep = max((n for n in self.lineage if n < first_suspect), default=None)
+        where = None
+        if self.parallel.rank == 0:
+            try:
+                where = self._untrack(save, suspects, keep)
+            except ConfigError as e:  # a garbled tracker: said, and every rank still leaves together
+                where = str(e)
+        return from_rank_0(where)
+
+    def _untrack(self, save: str, suspects: list[int], keep: int | None) -> str:
+        if not suspects:
+            tracked = read_tracker(save, f"--save {save}")
+            return (f"--save {save}: " + (f"{step_tag(tracked)} stays the tracked checkpoint" if tracked is not None
+                                          else "no checkpoint is tracked"))
+        held = ", ".join(map(step_tag, suspects))
+        try:
+            renamed = untrack(save, suspects, keep)
+        except OSError as e:  # the stop goes on: say what is left to do by hand
+            return (f"--save {save}: {held} held the weights that produced it, but untracking them failed "
+                    f"({type(e).__name__}: {e}); point the trackers at an earlier iteration by hand")
+        now = (f"{step_tag(keep)} is the tracked checkpoint" if keep is not None
+               else "no earlier checkpoint of this run is left: the trackers are removed")
+        return f"--save {save}: {held} held the weights that produced it, kept untracked as {', '.join(renamed)}; {now}"
 
     def model_info(self) -> dict:
         """megatron_model.json: what a tool needs besides the layout to rebuild or export the model."""
@@ -237,6 +276,8 @@ class CheckpointManager:
         # ends (or exits) at once still writes its iteration into B
         same_dir = bool(config.save) and os.path.realpath(config.save) == os.path.realpath(load_dir)
         progress.last_saved_iteration = progress.iteration if same_dir else None
+        if same_dir:
+            self.lineage = [n for n in saved_iterations(load_dir) if n <= progress.iteration]
         lr_scheduler.load_state_dict(client_state["lr_scheduler"])
         print_rank_0(f"loaded checkpoint {path} at iteration {progress.iteration}")
         return None if config.no_load_rng else client_state.get("rng_state")

@@ -8,11 +8,15 @@ which the restart renames back: remove_stale); the next save of that
 iteration (also on fewer ranks) starts from an empty directory, so no other DP size's files can
 end up beside its own.
 
+A run stopped by a loss check moves the trackers back (untrack): the checkpoints whose weights
+gave the bad loss are renamed global_stepN.suspect, whole, after the trackers have moved.
+
 A write that fails (a full disk) is agreed by every rank and is one line: the path, the bytes
 needed (the last checkpoint's size, from its manifest) and free; the partial directory goes and
 the previous checkpoint stays intact and tracked. With the last checkpoint's size known, a disk
 without that much room is refused before anything is written.
 """
+import contextlib
 import os
 import re
 import shutil
@@ -22,12 +26,13 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from megatron.checkpoint.agree import from_rank_0, gather, rank_and_world
-from megatron.checkpoint.layout import read_tracker, step_dir, write_tracker
+from megatron.checkpoint.layout import LATEST, TRACKER, read_tracker, step_dir, write_tracker
 from megatron.checkpoint.manifest import checksum_share, read_manifest, step_files, write_manifest
 from megatron.runtime.refusal import ConfigError
 
 PARTIAL = ".partial"  # global_stepN.partial: a save in progress (or a crashed one's leftovers)
 _REPLACED = ".replaced"  # global_stepN.replaced<pid>: an untracked global_stepN on its way out
+SUSPECT = ".suspect"  # global_stepN.suspect: weights that produced a non-finite or spiky loss, kept
 
 
 def write_iteration(save_dir: str, iteration: int, write_shards: Callable[[str], None],
@@ -85,6 +90,31 @@ def remove_stale(save_dir: str) -> list[str]:
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
             done.append(f"removed {name}")
     return done
+
+
+def untrack(save_dir: str, suspects: list[int], keep: int | None) -> list[str]:
+    """Rank 0, holding DIR's lock, after a loss check stopped the run: the trackers point at
+    iteration `keep` (both removed when None: no checkpoint older than the suspects is left), then
+    each suspect global_stepN is renamed global_stepN.suspect (.suspect2, ... when taken), whole and
+    loadable once renamed back, and out of the way of the resumed run's saves of those iterations.
+    Trackers first: a crash in between leaves a tracker naming a checkpoint that is there. Returns
+    the new names."""
+    if keep is None:
+        for name in (TRACKER, LATEST):  # the one Megatron reads first
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(save_dir, name))
+    else:
+        write_tracker(save_dir, keep)
+    renamed = []
+    for iteration in suspects:
+        final = step_dir(save_dir, iteration)
+        target, n = final + SUSPECT, 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{final}{SUSPECT}{n}"
+        os.rename(final, target)
+        renamed.append(os.path.basename(target))
+    return renamed
 
 
 def _rank_0_step(step: Callable[[], None]) -> str | None:

@@ -157,6 +157,9 @@ def _add_training_args(parser):
     # Megatron-LM's: on by default; a non-finite loss or gradient norm stops the run without a save
     g.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad",
                    help="train on through a non-finite loss or gradient norm")
+    # Megatron-LM's: off by default; a loss 10x the largest of the run's first 100 stops it like a NaN
+    g.add_argument("--check-for-spiky-loss", action="store_true",
+                   help="stop, as on a NaN, on a loss at least 10 times the largest of the run's first 100")
     g.add_argument("--optimizer", type=str, default="adam")
     g.add_argument("--checkpoint-activations", action="store_true")
     g.add_argument("--checkpoint-num-layers", type=int, default=1)

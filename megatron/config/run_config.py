@@ -128,11 +128,13 @@ class ExitSettings:
     exit_signal_handler: bool = False  # save and exit on exit_signal (or a launcher that went away)
     exit_signal: str = "SIGTERM"
     check_for_nan_in_loss_and_grad: bool = True  # stop on a non-finite loss or gradient norm
+    check_for_spiky_loss: bool = False  # stop on a loss 10x the largest of the run's first 100
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ExitSettings":
         return cls(args.exit_interval, args.exit_duration_in_mins, getattr(args, "kill_switch_path", None),
-                   args.exit_signal_handler, args.exit_signal, args.check_for_nan_in_loss_and_grad)
+                   args.exit_signal_handler, args.exit_signal, args.check_for_nan_in_loss_and_grad,
+                   check_for_spiky_loss=args.check_for_spiky_loss)
 
 
 @dataclass(frozen=True)

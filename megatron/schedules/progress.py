@@ -12,6 +12,10 @@ class TrainingProgress:
     gigaflos_no_embeds: float = 0.0   # C = 6 N D so far (N without embeddings), in 1e9 FLOPs
     skipped_iterations: int = 0       # fp16 steps whose update was skipped (gradient overflow)
     last_saved_iteration: int | None = None
+    # --check-for-spiky-loss's reference (megatron/training/loss_check.py): how many of the run's
+    # first losses it has seen (up to 100) and the largest |loss| among them
+    spiky_loss_samples: int = 0
+    spiky_loss_max: float = 0.0
 
     def state_dict(self) -> dict:
         return asdict(self)

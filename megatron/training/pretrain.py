@@ -9,9 +9,10 @@ from collections.abc import Callable
 from megatron import print_rank_0
 from megatron.schedules.progress import TrainingProgress
 from megatron.training.initialize import initialize_megatron
-from megatron.training.trainer import NonFiniteLoss, Trainer, TrainerHooks, exit_signals
+from megatron.training.loss_check import LossCheckStop, NonFiniteLoss, SpikyLoss
+from megatron.training.trainer import Trainer, TrainerHooks, exit_signals
 
-__all__ = ["NonFiniteLoss", "Trainer", "TrainerHooks", "exit_signals", "pretrain"]
+__all__ = ["LossCheckStop", "NonFiniteLoss", "SpikyLoss", "Trainer", "TrainerHooks", "exit_signals", "pretrain"]
 
 
 def pretrain(train_valid_test_dataset_provider: Callable, model_provider: Callable, forward_step_func: Callable,

@@ -32,6 +32,15 @@ from megatron.schedules.skip_iterations import skip_iteration, skipped_range
 from megatron.training.data_iterators import NamedIterators, build_data_iterators
 from megatron.training.engine import engine_steps, pop_moe_loss
 from megatron.training.exit_signal import ExitSignalHandler
+from megatron.training.loss_check import (
+    NON_FINITE,
+    SPIKY,
+    SPIKY_LOSS_FACTOR,
+    SPIKY_LOSS_SAMPLES,
+    NonFiniteLoss,
+    SpikyLoss,
+    agree_on_loss,
+)
 from megatron.training.optimizer import build_optimizer, uses_own_clipping
 from megatron.utils import (
     cache_parameter_counts,
@@ -71,11 +80,6 @@ class TrainerHooks:
 
     def on_evaluate(self, trainer: "Trainer", prefix: str, name: str | None, loss: float) -> None:
         """Each evaluation's mean loss, before its line; `name`: the data group, if any."""
-
-
-class NonFiniteLoss(Exception):
-    """The run stopped on a non-finite loss or gradient norm (--check-for-nan-in-loss-and-grad):
-    nothing was saved at that iteration. Raised by Trainer.run on every rank after the one line."""
 
 
 class StopFlags(NamedTuple):
@@ -121,6 +125,12 @@ class Trainer:
         self.valid_iters: NamedIterators = None  # [(group name, iterator)] or None
         self.test_iters: NamedIterators = None
         self.exit_signal: ExitSignalHandler | None = None  # --exit-signal-handler, while train() runs
+        # --check-for-spiky-loss: how many of the run's first losses make the reference (a test may lower it)
+        self.spiky_loss_samples = SPIKY_LOSS_SAMPLES
+        # the iteration whose update made the weights now trained on (the start's, before the first):
+        # the checkpoints saved from there on hold the weights a bad loss came from
+        self.weights_iteration = 0
+        self.loss_stop: tuple[str, str] | None = None  # a loss check's stop line, before and after the trackers
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
         self.metrics = MetricsProcessor(config.logging, cache=args)
         self.checkpointer = CheckpointManager(config.checkpoint)
@@ -231,8 +241,10 @@ class Trainer:
         if self.batch.train_iters is None or progress.iteration < self.batch.train_iters:
             stop = self.train()
         self.finish(stop)
-        if stop == "non-finite":
+        if stop == NON_FINITE:
             raise NonFiniteLoss(f"iteration {progress.iteration}: non-finite lm loss or gradient norm")
+        if stop == SPIKY:
+            raise SpikyLoss(f"iteration {progress.iteration}: spiky lm loss")
         return stop
 
     # --- train ---------------------------------------------------------------------------------
@@ -280,12 +292,13 @@ class Trainer:
     def train(self) -> str:
         """Trains until the schedule ends ("finished"), an exit flag fires ("exit-interval",
         "exit-duration", "kill-switch": the file appeared, "exit-signal": --exit-signal-handler) or
-        the loss or gradient norm is not finite ("non-finite"); returns which."""
+        a loss check stops it ("non-finite", "spiky": megatron/training/loss_check.py); returns which."""
         timers = get_timers()
         self.engine.train()
         stats = IntervalStats()
         start_time = time.time()
         announced: set = set()
+        self.weights_iteration = self.progress.iteration
         while True:
             if self._schedule_done():
                 return "finished"
@@ -298,9 +311,12 @@ class Trainer:
                 loss, gbs = self.train_step()
                 timers("interval-time").stop()
                 # before anything is logged or saved from this iteration
-                if self.exit.check_for_nan_in_loss_and_grad and self.non_finite(loss):
-                    self._report_non_finite(loss)
-                    return "non-finite"
+                bad, largest = self.check_loss(loss)
+                if bad:
+                    self.loss_stop = self._loss_stop_line(bad, loss, largest)
+                    return bad
+                if self.engine.was_step_applied():
+                    self.weights_iteration = self.progress.iteration
                 stats.add(loss, gbs, self.engine.was_step_applied(), moe_loss=pop_moe_loss(), seqlen=self.seqlen)
                 self.measure_memory()  # once, after the first iteration: measured vs predicted memory
                 if self.metrics.should_log(self.progress.iteration):
@@ -345,34 +361,34 @@ class Trainer:
     def _should_save(self) -> bool:
         return self.checkpointer.should_save(self.progress.iteration)
 
-    def non_finite(self, loss: torch.Tensor) -> bool:
-        """--check-for-nan-in-loss-and-grad: whether any rank's loss or the gradient norm of this
-        iteration is not finite, by one MAX all-reduce of one number: each rank judges the loss it has
-        (the pipeline engine broadcasts the last stage's DP mean; without it each DP rank has its
-        own). A step the engine skipped (fp16 / bf16 overflow: the loss scaler's business) is not
-        checked."""
-        flag = torch.zeros((), dtype=torch.float32, device=loss.device)
-        if self.engine.was_step_applied():
-            bad = ~torch.isfinite(loss.detach())
-            grad_norm = self.engine.get_global_grad_norm()  # cached by the step (None: not computed)
-            if grad_norm is not None:
-                bad = bad | ~torch.isfinite(torch.as_tensor(grad_norm, device=loss.device))
-            flag = bad.to(torch.float32)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+    def check_loss(self, loss: torch.Tensor) -> tuple[str | None, float]:
+        """--check-for-nan-in-loss-and-grad / --check-for-spiky-loss: ("non-finite", "spiky" or None;
+        the largest finite loss of every rank), agreed by every rank (megatron/training/loss_check.py:
+        one all-reduce, none with both off)."""
+        return agree_on_loss(loss, self.engine, self.exit.check_for_nan_in_loss_and_grad,
+                             self.exit.check_for_spiky_loss, self.progress, self.spiky_loss_samples)
 
     def agree_on_stop(self, start_time: float) -> StopFlags:
         """The exit flags after this iteration, agreed by every rank (stop_flags)."""
         received = None if self.exit_signal is None else self.exit_signal.received is not None
         return stop_flags(start_time, self.exit, received)
 
-    def _report_non_finite(self, loss: torch.Tensor) -> None:
-        """The one line of a NaN / Inf stop (rank 0), naming the iteration and the way on."""
-        it = self.progress.iteration
-        print_rank_0(f"stopping at iteration {it}: the lm loss ({float(loss):.6E}) or the gradient norm "
-                     f"({self.engine.get_global_grad_norm()}) is not finite; nothing saved at this iteration. "
-                     f"Resume with a lower --lr or skip its data with --skip-train-iteration-range {it}-{it} "
-                     "(--no-check-for-nan-in-loss-and-grad trains on)")
+    def _loss_stop_line(self, bad: str, loss: torch.Tensor, largest: float) -> tuple[str, str]:
+        """A loss check's stop line, around what --save now tracks (finish fills that in)."""
+        it, progress = self.progress.iteration, self.progress
+        if bad == NON_FINITE:
+            what = (f"the lm loss ({float(loss):.6E}) or the gradient norm ({self.engine.get_global_grad_norm()}) "
+                    "is not finite")
+            way_on = "--no-check-for-nan-in-loss-and-grad trains on"
+        else:  # the largest of every rank's losses (each DP rank has its own without the pipeline engine)
+            what = (f"the lm loss ({largest:.6E}) is at least {SPIKY_LOSS_FACTOR} times the largest of the run's "
+                    f"first {progress.spiky_loss_samples} ({progress.spiky_loss_max:.6E}, --check-for-spiky-loss)")
+            way_on = "without --check-for-spiky-loss it trains on"
+        # the update that made the weights (iteration 1 for the initial ones) up to the loss they gave
+        first = max(self.weights_iteration, 1)
+        return (f"stopping at iteration {it}: {what}; nothing saved at this iteration",
+                f"Resume with a lower --lr or skip the data from that update on with --skip-train-iteration-range "
+                f"{first}-{it} ({way_on})")
 
     def _should_exit(self, flags: StopFlags) -> str | None:
         settings = self.exit
@@ -457,8 +473,11 @@ class Trainer:
             for name, test_iter in self.test_iters if testing else []:
                 loss, _ = self.evaluate(test_iter)
                 self._log_evaluation("the end of training for test data", loss, name, tensorboard=False)
-        elif stop == "non-finite":  # no save: the weights may already be non-finite
-            pass
+        elif self.loss_stop is not None:  # no save: the weights produced the bad loss
+            # nor a tracked checkpoint that holds them
+            tracked = self.checkpointer.untrack_from(self.weights_iteration)
+            before, after = self.loss_stop
+            print_rank_0(f"{before}; {tracked}. {after}")
         else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path / a signal: save and leave
             if unsaved:
                 self.save()
@@ -466,6 +485,9 @@ class Trainer:
             print_rank_0(f"exiting program at iteration {progress.iteration}")
         self.checkpointer.release_save_dir()
         self.metrics.close()
+        if self.loss_stop is not None:
+            # every rank leaves (code 3) only now: the launcher ends the others when one exits non-zero
+            torch.distributed.barrier()
 
 
 def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> AnnealingLR:

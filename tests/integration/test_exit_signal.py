@@ -6,10 +6,12 @@
   signals while every rank is paused inside a known iteration (tests/support/pretrain_driver.py,
   DRIVER_PAUSE_AT), so the saved iteration is known exactly: a preemption costs that one iteration
   at most. The run resumed from the preemption's checkpoint gives the uninterrupted run's losses.
-* a non-finite loss from a real cause (the resumed run with --lr 1e30) stops the run with one line
-  naming the iteration and exit code 3, and the checkpoint it resumed from is left byte for byte;
-  the same run with --no-check-for-nan-in-loss-and-grad (the path without the check) says which
-  iteration went non-finite first, and trains on.
+* a non-finite loss from a real cause (the resumed run with --lr 1e30, --save-interval 1) stops
+  the run with one line naming the iteration and exit code 3; the checkpoint of the iteration
+  before, whose weights gave that loss, is kept untracked, the trackers name the one before it, and
+  the checkpoint it resumed from is left byte for byte; the same run with
+  --no-check-for-nan-in-loss-and-grad (the path without the check) says which iteration went
+  non-finite first, and trains on.
 * SIGTERM at one rank of a DeepSpeed-Ulysses replica (SP 2): both save the same iteration."""
 import hashlib
 import json
@@ -198,12 +200,13 @@ def test_sigterm_to_the_deepspeed_command_alone_saves_and_ends_every_rank(tmp_pa
             assert json.load(f)["iteration"] == 2
 
 
-def test_a_non_finite_loss_stops_the_run_and_leaves_the_checkpoint_as_it_was(preempted):
+def test_a_non_finite_loss_stops_the_run_and_untracks_the_weights_that_gave_it(preempted):
     """Resumed from the preemption's checkpoint (iteration 3) with --lr 1e30: the weights blow up.
     First the run without the check, on a copy: which iteration's logged loss or gradient norm is
-    the first non-finite one. Then the checked run stops right there."""
+    the first non-finite one. Then the checked run, saving every iteration, stops right there; the
+    weights saved at the iteration before (finite, blown up) gave that loss."""
     tmp = preempted["tmp"]
-    bad_lr = ["--lr", "1e30", "--override-opt_param-scheduler", "--save-interval", 100]
+    bad_lr = ["--lr", "1e30", "--override-opt_param-scheduler", "--save-interval", 1]
     unchecked_ckpt = tmp / "unchecked_ckpt"
     shutil.copytree(preempted["ckpt"], unchecked_ckpt)
     proc, _ = launch(2, RUN + bad_lr + ["--load", unchecked_ckpt, "--no-check-for-nan-in-loss-and-grad"],
@@ -217,19 +220,28 @@ def test_a_non_finite_loss_stops_the_run_and_leaves_the_checkpoint_as_it_was(pre
 
     ckpt = tmp / "checked_ckpt"
     shutil.copytree(preempted["ckpt"], ckpt)
-    before = _file_hashes(ckpt)
+    before = _file_hashes(ckpt / "global_step3")
     # through pretrain_gpt.py's own entry point, as users launch it
     proc, _ = launch(2, RUN + bad_lr + ["--load", ckpt, "--save", ckpt], str(tmp / "checked"), check=False,
                      script="pretrain_gpt.py")
     assert proc.returncode == NON_FINITE_EXIT_CODE, proc.stdout[-6000:]
     [line] = [line for line in proc.stdout.splitlines() if "is not finite" in line]
     assert line.startswith(f"stopping at iteration {first_bad}: the lm loss (")
-    assert line.endswith("nothing saved at this iteration. Resume with a lower --lr or skip its data with "
-                         f"--skip-train-iteration-range {first_bad}-{first_bad} "
-                         "(--no-check-for-nan-in-loss-and-grad trains on)")
+    # iteration 4's loss came from the loaded (sane) weights: the first bad one is later
+    suspect, sane = first_bad - 1, first_bad - 2
+    assert sane >= 3
+    assert line.endswith(f"nothing saved at this iteration; --save {ckpt}: global_step{suspect} held the weights "
+                         f"that produced it, kept untracked as global_step{suspect}.suspect; global_step{sane} is the "
+                         "tracked checkpoint. Resume with a lower --lr or skip the data from that update on with "
+                         f"--skip-train-iteration-range {suspect}-{first_bad} (--no-check-for-nan-in-loss-and-grad "
+                         "trains on)")
     assert "Traceback" not in proc.stdout
     assert sorted(logged_iterations(proc.stdout)) == list(range(4, first_bad))  # nothing logged from it
-    assert _file_hashes(ckpt) == before  # no exit save, no periodic save: every byte as it was
+    assert _tracked(ckpt) == str(sane) and (ckpt / "latest").read_text() == f"global_step{sane}"
+    assert sorted(os.listdir(ckpt)) == sorted([f"global_step{it}" for it in range(3, suspect)]
+                                              + [f"global_step{suspect}.suspect", "latest",
+                                                 "latest_checkpointed_iteration.txt"])
+    assert _file_hashes(ckpt / "global_step3") == before  # the loaded checkpoint: every byte as it was
 
 
 def test_the_handler_takes_the_chosen_signal_and_gives_it_back():

@@ -93,10 +93,10 @@ def test_configuration_is_frozen_after_initialization():
     # the Trainer's sections, from FLAGS and the flags' defaults: lr 1e-4 to --min-lr 0 (linear decay),
     # no warmup, decay over --train-iters 2 x global batch 4 = 8 samples, 32 tokens a sample, no token
     # lengths; --eval-interval 1000 of --eval-iters 100; no exit flag, no signal handler (SIGTERM its
-    # signal), the NaN check on
+    # signal), the NaN check on, the spike check off
     lr_schedule, evaluation, exit_settings, data = out["sections"]
     assert lr_schedule == (1e-4, 0.0, "linear", 0, 8, None, None, 32, False, False)
-    assert evaluation == (1000, 100) and exit_settings == (None, None, None, False, "SIGTERM", True)
+    assert evaluation == (1000, 100) and exit_settings == (None, None, None, False, "SIGTERM", True, False)
     # micro batch 2, global batch 4, the training split sized for 2 iterations x 4 = 8 samples, no
     # loader workers (--num-workers 0), none set for validation, no skipped iterations
     assert data == (2, 4, 8, 0, None, None)

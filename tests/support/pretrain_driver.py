@@ -27,6 +27,13 @@ $DRIVER_OUT/rank{R}.json:
   * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
     (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
     signal processes while every rank is known to be inside iteration N.
+  * with DRIVER_SCALE_WEIGHTS_AT=N:F: right after iteration N's step (before anything of it is
+    saved) every rank multiplies its weights by F in place: a blow-up at a known iteration, that
+    iteration N+1's loss shows;
+  * with DRIVER_SPIKY_SAMPLES=S: --check-for-spiky-loss's reference is the largest of the first S
+    losses instead of 100 (Trainer.spiky_loss_samples), so that a short run can spike;
+  * a run stopped by a loss check (pretrain_gpt.py's exit code 3) still writes its rank{R}.json:
+    what the hooks recorded, and `stopped` (the code).
 """
 import json
 import logging
@@ -85,6 +92,8 @@ class Recorder(TrainerHooks):
             if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
                 state["model_inputs"].append([module.training, tokens.size(1)])
         engine.module.register_forward_pre_hook(record_input)
+        if os.environ.get("DRIVER_SPIKY_SAMPLES"):
+            trainer.spiky_loss_samples = int(os.environ["DRIVER_SPIKY_SAMPLES"])
         hold = os.environ.get("DRIVER_HOLD_UNTIL")
         while hold and not os.path.exists(hold):
             time.sleep(0.1)
@@ -121,6 +130,11 @@ class Recorder(TrainerHooks):
         if self.inf_hook is not None:
             self.inf_hook.remove()
         state["step_losses"][trainer.progress.iteration] = float(loss)
+        at, _, factor = os.environ.get("DRIVER_SCALE_WEIGHTS_AT", "0:1").partition(":")
+        if trainer.progress.iteration == int(at):
+            with torch.no_grad():
+                for param in trainer.engine.module.parameters():
+                    param.mul_(float(factor))
 
     def on_log_start(self, trainer, stats, lr):
         # the logged loss at full precision, for bit-for-bit comparisons across runs
@@ -178,8 +192,14 @@ ds_logger.addHandler(_EngineView(level=logging.INFO))
 
 
 def main():
-    args, progress = run(sys.argv[1:])
     out = os.environ["DRIVER_OUT"]
+    try:
+        args, progress = run(sys.argv[1:])
+    except SystemExit as e:
+        if e.code == pretrain_gpt.NON_FINITE_EXIT_CODE:  # a loss check's stop: what the hooks saw so far
+            with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+                json.dump(dict(state, stopped=e.code, in_log=None), f)
+        raise
     result = dict(state, rank=args.rank, parameters=args.parameters,
                   parameters_no_embedding=args.parameters_no_embedding,
                   parameters_in_billions=args.parameters_in_billions,
@@ -196,7 +216,13 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
-    # as pretrain_gpt.py's own entry point: a finished run ends without interpreter teardown
+    # as pretrain_gpt.py's own entry point: a finished run, and a loss check's stop, end without
+    # interpreter teardown
     from megatron.runtime.process_exit import exit_after_success
+    try:
+        main()
+    except SystemExit as e:
+        if e.code == pretrain_gpt.NON_FINITE_EXIT_CODE:
+            exit_after_success(e.code)
+        raise
     exit_after_success()
