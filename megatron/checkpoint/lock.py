@@ -47,6 +47,12 @@ def release_save_dir(save_dir: str) -> None:
         lock.release()
 
 
+def release_all() -> None:
+    """Every lock this process holds (a run that failed, its process going on: a test's)."""
+    for save_dir in list(_HELD):
+        release_save_dir(save_dir)
+
+
 def cannot_create(save_dir: str, e: OSError) -> str:
     return (f"--save {save_dir}: cannot create it ({e.strerror}: {e.filename}); point --save at a directory this "
             f"run can create and write")
