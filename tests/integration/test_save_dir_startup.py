@@ -33,6 +33,31 @@ def test_a_save_path_under_a_regular_file_stops_both_ranks_in_one_line(tmp_path)
     assert (tmp_path / "file").read_text() == "not a directory"
 
 
+def test_the_room_is_for_every_ranks_share_of_one_checkpoint(tmp_path):
+    """DP=2, fp32, ZeRO 1: the first DP rank saves the weights, each DP rank its half of the fp32
+    state. By hand: the weights 4 x PARAMS; each rank's partition, 141,312 matrix and 1,792 other
+    elements (two param groups, each a multiple of 2 x DP) halved, as master weights, exp_avg and
+    exp_avg_sq (12 bytes an element) plus one 4-byte step per group."""
+    if os.geteuid() != 0:
+        pytest.skip("the tmpfs mount needs root")
+    assert 141_312 + 1_792 == PARAMS
+    per_rank = 12 * (141_312 + 1_792) // 2 + 2 * 4
+    needed = 4 * PARAMS + 2 * per_rank
+    small = str(tmp_path / "small")
+    os.makedirs(small)
+    _mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", small)
+    try:
+        proc, _ = launch(2, TINY + ["--global-batch-size", 4, "--zero-stage", 1, "--train-iters", 2, "--save", small],
+                         str(tmp_path / "out"), timeout=120, check=False)
+    finally:
+        subprocess.run(["umount", small], capture_output=True)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    errors = [line for line in proc.stdout.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(f"pretrain_gpt.py: error: --save {small}: no room for this "
+                                                     f"run's checkpoints: one needs about {needed} bytes "), errors
+    assert "estimated model parameters" not in proc.stdout
+
+
 def _mount(*argv):
     proc = subprocess.run(["mount", *argv], capture_output=True, text=True)
     if proc.returncode != 0:
