@@ -545,7 +545,6 @@ def stop_flags(settings: ExitSettings, budget: TimeBudget | None = None, receive
     if torch.cuda.is_available():
         flags = flags.cuda()
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    killed, signalled, *agreed = flags.tolist()
-    used, iteration, save = agreed
+    killed, signalled, used, iteration, save = flags.tolist()
     late = seconds is not None and out_of_time(seconds, used, iteration, save)
     return StopFlags(late, killed > 0, signalled > 0, (used, iteration, save) if seconds else None)
