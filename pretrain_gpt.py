@@ -93,9 +93,10 @@ if __name__ == "__main__":
     from megatron.runtime.process_exit import exit_after_success
     try:
         main()
-    except SystemExit as e:  # the NaN stop's code, also past teardown; any other exit as before
-        if e.code == NON_FINITE_EXIT_CODE:
-            exit_after_success(NON_FINITE_EXIT_CODE)
+    except SystemExit as e:  # the NaN stop's code and a refusal's, also past teardown; any other exit as before
+        from megatron.runtime.refusal import EXIT_CODE
+        if e.code in (NON_FINITE_EXIT_CODE, EXIT_CODE):
+            exit_after_success(e.code)
         raise
     # a finished run leaves without interpreter teardown (gloo's threads can abort it, exit status
     # 250, after the last iteration); this also skips the final garbage collection of every object

@@ -18,6 +18,7 @@ setup(
         "tensorboard",
         "regex",
         "six",
+        "psutil",  # a process's start time (--exit-duration-in-mins); DeepSpeed needs it too
     ],
     extras_require={
         # tools/convert_checkpoint_to_hf.py only; training never imports them

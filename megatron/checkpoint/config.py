@@ -46,6 +46,7 @@ class CheckpointConfig:
     precision: Precision
     zero_stage: int
     seq_length: int
+    memory: TrainingSetup  # what the memory table predicts for: the bytes a checkpoint of this run takes
     resume: ResumePlan = ResumePlan()  # what --load found before the model was built
 
     @property
@@ -68,10 +69,11 @@ class CheckpointConfig:
                 "vocab_file": path(args.vocab_file), "merge_file": path(args.merge_file),
                 "tokenizer_name_or_path": path(getattr(args, "tokenizer_name_or_path", None)),
                 "tokenizer_model": path(getattr(args, "tokenizer_model", None))}
+        memory = TrainingSetup.from_args(args)
         return cls(save=args.save, load=args.load, save_interval=args.save_interval, no_save_rng=args.no_save_rng,
                    no_load_optim=args.no_load_optim, no_load_rng=args.no_load_rng, finetune=args.finetune,
                    universal_checkpoint=args.universal_checkpoint,
-                   optimizer_wrapper=TrainingSetup.from_args(args).optimizer_wrapper(),
+                   optimizer_wrapper=memory.optimizer_wrapper(),
                    model_info=MappingProxyType(info), model_shape=shape or args.model_shape, parallel=parallel,
                    precision=Precision.from_args(args), zero_stage=args.zero_stage, seq_length=args.seq_length,
-                   resume=resume or ResumePlan())
+                   memory=memory, resume=resume or ResumePlan())

@@ -3,11 +3,10 @@
 What --save DIR holds is described in layout.py. A save writes global_stepN whole or not at all
 and moves the trackers last (writer.py), so a crash mid-save leaves the previous checkpoint as the
 one that loads; a load checks the saved files against their manifest (manifest.py) before the
-model is built; one run at a time writes a --save DIR (lock.py). The manager is handed its
-section of the run configuration (CheckpointConfig) and the sections it needs besides (shape,
-parallel layout, precision); it reads no `args`.
+model is built; one run at a time writes a --save DIR (lock.py), which is checked at startup
+(save_dir.py). The manager is handed its section of the run configuration (CheckpointConfig) and
+the sections it needs besides (shape, parallel layout, precision); it reads no `args`.
 """
-import atexit
 import contextlib
 import os
 import random
@@ -28,12 +27,13 @@ from megatron.checkpoint.layout import (
     write_layout,
     write_model_info,
 )
-from megatron.checkpoint.lock import SaveDirLock
+from megatron.checkpoint.lock import release_save_dir
 from megatron.checkpoint.manifest import MANIFEST, ManifestError, read_manifest, verify_share
 from megatron.checkpoint.reshard import Checkpoint, optimizer_param_names
 from megatron.checkpoint.resume import load_resharded, plan_reshard, plan_universal
+from megatron.checkpoint.save_dir import checkpoint_bytes, open_save_dir
 from megatron.checkpoint.universal import attach_universal_checkpoint_info
-from megatron.checkpoint.writer import remove_stale, untrack, write_iteration
+from megatron.checkpoint.writer import untrack, write_iteration
 from megatron.runtime.refusal import ConfigError
 from megatron.schedules.progress import TrainingProgress, saved_progress
 
@@ -80,7 +80,6 @@ class CheckpointManager:
         self.zero_stage = config.zero_stage
         self.seq_length = config.seq_length
         self.resume = config.resume
-        self._lock: SaveDirLock | None = None
         # the iterations of --save DIR this run's weights came through: those at or below the one it
         # loaded from DIR, then those it saved (what a loss check's stop may untrack: untrack_from)
         self.lineage: list[int] = []
@@ -138,31 +137,22 @@ class CheckpointManager:
 
     # --- save -----------------------------------------------------------------------------------
 
-    def lock_save_dir(self) -> None:
-        """--save: take DIR's lock (global rank 0 alone; every rank learns the outcome, so a refused
-        run stops on every rank in one line). Released by release_save_dir() or at exit."""
+    def open_save_dir(self) -> None:
+        """--save, at startup before anything heavy: DIR's lock (global rank 0), a crashed save's
+        leftovers removed, and room for one more checkpoint (save_dir.py); a problem is one line on
+        every rank. The lock is released by release_save_dir() or at exit."""
         if not self.config.save:
             return
-        problem = None
-        if self.parallel.rank == 0:
-            self._lock = SaveDirLock(self.config.save)
-            try:
-                note = self._lock.acquire()
-            except ConfigError as e:
-                problem = str(e)
-            else:
-                atexit.register(self._lock.release)
-                for line in [note] + [f"--save {self.config.save}: {done}, left by a crashed save"
-                                      for done in remove_stale(self.config.save)]:
-                    if line:
-                        print_rank_0(line)
-        problem = from_rank_0(problem)
-        if problem:
-            raise ConfigError(problem)
+        for line in open_save_dir(self.config.save, self.shape, self.config.memory):
+            print_rank_0(line)
+
+    def checkpoint_bytes(self) -> int:
+        """The bytes one checkpoint of this run takes, all ranks together (predicted)."""
+        return checkpoint_bytes(self.shape, self.config.memory)
 
     def release_save_dir(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
+        if self.config.save:
+            release_save_dir(self.config.save)
 
     def save(self, engine: Any, lr_scheduler: Any, progress: TrainingProgress) -> None:
         """Writes global_stepN whole or not at all, then moves the trackers (writer.py): a crash at

@@ -1,7 +1,8 @@
 """initialize_megatron: validated args, torch.distributed (gloo on CPU, nccl on CUDA), model-parallel
-groups, tokenizer (and a --load checkpoint's fit), seeds — in that order, so bad flags fail before
-any of the expensive steps; then the run configuration is frozen (the TensorBoard writer belongs
-to the Trainer's metrics, megatron/metrics/processor.py)."""
+groups, tokenizer (then the --save directory's lock and room, and a --load checkpoint's fit),
+seeds — in that order, so bad flags fail before any of the expensive steps; then the run
+configuration is frozen (the TensorBoard writer belongs to the Trainer's metrics,
+megatron/metrics/processor.py)."""
 import dataclasses
 import os
 import random
@@ -91,8 +92,10 @@ def _startup_lines(args):
 
 def _build_tokenizer(args, layout: ParallelLayout | None = None) -> ResumePlan:
     """The tokenizer, then the model's shape completed once: the tokenizer's vocab and (with
-    a layout and --load) the vocab divisor that keeps a checkpoint's padded vocab. A checkpoint
-    that does not fit fails here, before the model is built; returns what --load will read."""
+    a layout and --load) the vocab divisor that keeps a checkpoint's padded vocab. With a layout,
+    the --save directory is locked and checked (CheckpointManager.open_save_dir); a directory this
+    run cannot use or a checkpoint that does not fit fails here, before the model is built. Returns
+    what --load will read."""
     from megatron.tokenizer import build_tokenizer
     try:
         tokenizer = build_tokenizer(args)
@@ -105,11 +108,15 @@ def _build_tokenizer(args, layout: ParallelLayout | None = None) -> ResumePlan:
         raise ConfigError(f"the tokenizer's end-of-document id {tokenizer.eod} is outside the padded vocab "
                           f"{shape.padded_vocab_size}: raise --pad-vocab-size-to / --make-vocab-size-divisible-by")
     resume = ResumePlan()
-    if layout is not None and args.load:
+    if layout is not None and (args.save or args.load):
         from megatron.checkpoint.config import CheckpointConfig
         from megatron.checkpoint.manager import CheckpointManager
         # the checkpoint is checked against this run's completed shape
         manager = CheckpointManager(CheckpointConfig.from_args(args, layout, shape))
+        # first the lock and room of --save: a directory this run cannot use stops it before the
+        # --load checkpoint is read (and a crashed save's leftovers there are cleared before it is)
+        manager.open_save_dir()
+    if layout is not None and args.load:
         resume = manager.plan_resume()
         if resume.make_vocab_size_divisible_by is not None:
             shape = dataclasses.replace(shape, make_vocab_size_divisible_by=resume.make_vocab_size_divisible_by)

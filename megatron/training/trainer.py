@@ -42,6 +42,7 @@ from megatron.training.loss_check import (
     agree_on_loss,
 )
 from megatron.training.optimizer import build_optimizer, uses_own_clipping
+from megatron.training.time_budget import TimeBudget, first_save_estimate, out_of_time, stop_line
 from megatron.utils import (
     cache_parameter_counts,
     check_parameter_counts,
@@ -81,12 +82,18 @@ class TrainerHooks:
     def on_evaluate(self, trainer: "Trainer", prefix: str, name: str | None, loss: float) -> None:
         """Each evaluation's mean loss, before its line; `name`: the data group, if any."""
 
+    def on_stop_flags(self, trainer: "Trainer", flags: "StopFlags") -> None:
+        """The exit flags the ranks agreed on after each iteration (and, with
+        --exit-duration-in-mins, once before the first), with the times the budget was judged on."""
+
 
 class StopFlags(NamedTuple):
     """What the ranks agreed on after an iteration (stop_flags): each True when any rank saw it."""
-    late: bool = False        # past --exit-duration-in-mins
+    late: bool = False        # --exit-duration-in-mins: one more iteration and a save would not fit
     killed: bool = False      # the --kill-switch-path file exists
     signalled: bool = False   # --exit-signal-handler: the signal, or a launcher that went away
+    # with --exit-duration-in-mins: (used, longest iteration, save) in seconds, the ranks' MAX of each
+    times: tuple[float, float, float] | None = None
 
 
 class Trainer:
@@ -133,13 +140,28 @@ class Trainer:
         self.loss_stop: tuple[str, str] | None = None  # a loss check's stop line, before and after the trackers
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
         self.metrics = MetricsProcessor(config.logging, cache=args)
+        # --save's lock was taken, and the directory checked, by initialize_megatron
         self.checkpointer = CheckpointManager(config.checkpoint)
-        self.checkpointer.lock_save_dir()  # one run per --save directory, before anything is built
+        self.budget = self._time_budget()
         self.setup_model_and_optimizer(model_provider)
         self.steps = engine_steps(self.engine, forward_step_func, self.parallel.ds_pipeline_enabled,
                                   self.batch.seq_length)
 
     # --- build ---------------------------------------------------------------------------------
+
+    def _time_budget(self) -> TimeBudget:
+        """--exit-duration-in-mins from self.start_time (pretrain(): the earliest rank's process
+        start); the first save's estimate from the predicted checkpoint size (time_budget.py)."""
+        minutes = self.exit.exit_duration_in_mins
+        size = self.checkpointer.checkpoint_bytes() if self.checkpointer.config.save else 0
+        budget = TimeBudget(60 * minutes if minutes else None, self.start_time,
+                            first_save_estimate(size) if size else 0.0)
+        if minutes:
+            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start_time))
+            print_rank_0(f"--exit-duration-in-mins {minutes}: {budget.seconds:.3f} s from {self.start_time:.3f} "
+                         f"({began}, the start of the earliest rank's process); until a save is measured, one is "
+                         f"estimated at {budget.save_estimate:.3f} s ({size} bytes predicted)")
+        return budget
 
     def setup_model_and_optimizer(self, model_provider: Callable) -> None:
         args = self.args
@@ -296,12 +318,17 @@ class Trainer:
         timers = get_timers()
         self.engine.train()
         stats = IntervalStats()
-        start_time = time.time()
         announced: set = set()
         self.weights_iteration = self.progress.iteration
+        if self.budget.seconds:  # startup (a long --load) may have spent the budget already
+            flags = self.agree_on_stop()
+            if flags.late:
+                self._report_late(flags)
+                return "exit-duration"
         while True:
             if self._schedule_done():
                 return "finished"
+            began = time.time()
             # a skipped iteration (--skip-train-iteration-range) trains, logs and evaluates nothing,
             # but saves and stops like a trained one: a --save-interval or --exit-interval inside
             # the range, or a signal that arrives while its batches are read, still takes effect
@@ -324,10 +351,11 @@ class Trainer:
                     stats = IntervalStats()
                 if self._should_evaluate():
                     self.validate(f"iteration {self.progress.iteration}")
+            self.budget.iteration_took(time.time() - began)
             if self._should_save():
                 self.save()
             # after the log and the save, as before: a switch that appeared meanwhile stops this iteration
-            stop = self._should_exit(self.agree_on_stop(start_time))
+            stop = self._should_exit(self.agree_on_stop())
             if stop:
                 return stop
 
@@ -368,10 +396,18 @@ class Trainer:
         return agree_on_loss(loss, self.engine, self.exit.check_for_nan_in_loss_and_grad,
                              self.exit.check_for_spiky_loss, self.progress, self.spiky_loss_samples)
 
-    def agree_on_stop(self, start_time: float) -> StopFlags:
+    def agree_on_stop(self) -> StopFlags:
         """The exit flags after this iteration, agreed by every rank (stop_flags)."""
         received = None if self.exit_signal is None else self.exit_signal.received is not None
-        return stop_flags(start_time, self.exit, received)
+        flags = stop_flags(self.exit, self.budget, received)
+        self.hooks.on_stop_flags(self, flags)
+        return flags
+
+    def _report_late(self, flags: StopFlags) -> None:
+        """The one line of a budget stop, with the agreed times it was decided on."""
+        assert self.budget.seconds is not None and flags.times is not None
+        print_rank_0(stop_line(self.budget.seconds, *flags.times, saved_before=self.budget.last_save is not None,
+                               iteration_number=self.progress.iteration))
 
     def _loss_stop_line(self, bad: str, loss: torch.Tensor, largest: float) -> tuple[str, str]:
         """A loss check's stop line, around what --save now tracks (finish fills that in)."""
@@ -403,7 +439,10 @@ class Trainer:
             why = why or f"another rank received {settings.exit_signal} or lost its launcher"
             print_rank_0(f"--exit-signal-handler: {why}; saving and exiting after iteration {self.progress.iteration}")
             return "exit-signal"
-        return "exit-duration" if flags.late else None
+        if flags.late:
+            self._report_late(flags)
+            return "exit-duration"
+        return None
 
     # --- metrics -------------------------------------------------------------------------------
 
@@ -457,7 +496,9 @@ class Trainer:
     # --- checkpoint and end --------------------------------------------------------------------
 
     def save(self) -> None:
+        began = time.time()
         self.checkpointer.save(self.engine, self.lr_scheduler, self.progress)
+        self.budget.save_took(time.time() - began)
 
     def finish(self, stop: str) -> None:
         """After training: the final validation, save and test evaluation of a finished run, or the
@@ -479,7 +520,7 @@ class Trainer:
             before, after = self.loss_stop
             print_rank_0(f"{before}; {tracked}. {after}")
         else:  # --exit-interval / --exit-duration-in-mins / --kill-switch-path / a signal: save and leave
-            if unsaved:
+            if unsaved and progress.iteration > 0:  # out of time before the first iteration: nothing to save
                 self.save()
             torch.distributed.barrier()
             print_rank_0(f"exiting program at iteration {progress.iteration}")
@@ -501,24 +542,31 @@ def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) 
 
 
 def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]:
-    """(out of time, kill switch) as stop_flags decides them (used at startup, before training)."""
-    flags = stop_flags(start_time, settings)
+    """(out of time, kill switch) as stop_flags decides them (used at startup, before training),
+    with `start_time` the budget's start and nothing measured yet."""
+    minutes = settings.exit_duration_in_mins
+    flags = stop_flags(settings, TimeBudget(60 * minutes if minutes else None, start_time, 0.0))
     return flags.late, flags.killed
 
 
-def stop_flags(start_time: float, settings: ExitSettings, received: bool | None = None) -> StopFlags:
-    """Every rank's exit flags, decided together: one MAX all-reduce of three floats, so one rank
-    past --exit-duration-in-mins, one rank that sees the --kill-switch-path file or one rank that
-    received the --exit-signal-handler signal (`received`) stops every rank after the same iteration
+def stop_flags(settings: ExitSettings, budget: TimeBudget | None = None, received: bool | None = None) -> StopFlags:
+    """Every rank's exit flags, decided together: one MAX all-reduce of five floats (the kill
+    switch, the signal and the budget's three times, time_budget.py), so one rank that sees the
+    --kill-switch-path file, one rank that received the --exit-signal-handler signal (`received`)
+    or one rank whose times spend --exit-duration-in-mins stops every rank after the same iteration
     (a rank alone in the exit save's barrier would hang the job). No collective when none of these
     is configured; with any, this is the iteration's one extra collective (a file stat per rank with
     a kill switch)."""
-    kill_switch, minutes = settings.kill_switch_path, settings.exit_duration_in_mins
-    if not minutes and not kill_switch and received is None:
+    kill_switch, seconds = settings.kill_switch_path, budget.seconds if budget is not None else None
+    if not seconds and not kill_switch and received is None:
         return StopFlags()
-    late = bool(minutes) and time.time() - start_time > 60 * minutes
-    flags = torch.tensor([float(late), float(bool(kill_switch) and os.path.exists(kill_switch)), float(bool(received))])
+    times = budget.times() if budget is not None and seconds else (0.0, 0.0, 0.0)
+    # float64: the times in seconds keep their milliseconds
+    flags = torch.tensor([float(bool(kill_switch) and os.path.exists(kill_switch)), float(bool(received)), *times],
+                         dtype=torch.float64)
     if torch.cuda.is_available():
         flags = flags.cuda()
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    return StopFlags(*(value > 0 for value in flags.tolist()))
+    killed, signalled, used, iteration, save = flags.tolist()
+    late = seconds is not None and out_of_time(seconds, used, iteration, save)
+    return StopFlags(late, killed > 0, signalled > 0, (used, iteration, save) if seconds else None)

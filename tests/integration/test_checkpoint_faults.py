@@ -274,15 +274,32 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path):
     fp32 = TINY + ["--save-interval", 2]
     small, larger = str(tmp_path / "small"), str(tmp_path / "larger")
     try:
-        # 1 MiB: the first checkpoint (~1.8 MB) fills the disk while it is written
-        _mount_tmpfs(small, "1m")
-        proc, _ = launch(1, fp32 + ["--train-iters", 2, "--save", small], str(tmp_path / "out1"), check=False)
-        assert proc.returncode == 2
+        # 3 MiB: room for a checkpoint (~1.8 MB) at startup (test_save_dir_startup: a disk without
+        # it is refused then); while the run holds after its build, a file fills the disk to 1 MiB
+        # free, and the first checkpoint fills it while it is written
+        _mount_tmpfs(small, "3m")
+        save, out, release = os.path.join(small, "ckpt"), tmp_path / "out1", tmp_path / "release"
+        result = {}
+        os.environ["DRIVER_HOLD_UNTIL"] = str(release)
+        run = threading.Thread(target=lambda: result.update(
+            proc=launch(1, fp32 + ["--train-iters", 2, "--save", save], str(out), check=False)[0]))
+        try:
+            run.start()
+            while not (out / "rank0.held").exists() and run.is_alive():
+                time.sleep(0.1)
+            with open(os.path.join(small, "filler"), "wb") as f:
+                f.write(bytes(shutil.disk_usage(small).free - (1 << 20)))
+        finally:
+            release.touch()
+            run.join()
+            del os.environ["DRIVER_HOLD_UNTIL"]
+        proc = result["proc"]
+        assert proc.returncode == 2, proc.stdout[-3000:]
         [line] = [line for line in proc.stdout.splitlines() if line.startswith("pretrain_gpt.py: error: ")]
-        assert line.startswith(f"pretrain_gpt.py: error: --save {small}: no room for global_step2 (the disk filled "
+        assert line.startswith(f"pretrain_gpt.py: error: --save {save}: no room for global_step2 (the disk filled "
                                f"while writing it): it needs more than ")
         assert line.endswith("bytes are free; nothing was saved; free some space or point --save at a larger disk")
-        assert "Traceback" not in proc.stdout and os.listdir(small) == []  # the partial save is gone, no lock left
+        assert "Traceback" not in proc.stdout and os.listdir(save) == []  # the partial save is gone, no lock left
         # 3 MiB: iteration 2's checkpoint fits, iteration 4's does not (refused before writing anything)
         _mount_tmpfs(larger, "3m")
         proc, _ = launch(1, fp32 + ["--train-iters", 4, "--save", larger], str(tmp_path / "out2"), check=False)

@@ -56,14 +56,19 @@ def test_exit_runs_the_exit_handlers_and_flushes_but_skips_teardown():
 
 
 def test_a_run_that_fails_after_training_exits_non_zero(tmp_path):
-    """The checkpoint save at the end of training fails (--save under a regular file): the
-    exception unwinds through the interpreter and the exit status says so."""
-    blocker = tmp_path / "a_file"
-    blocker.write_text("")
-    cmd = [sys.executable, "pretrain_gpt.py"] + [str(f) for f in RUN + ["--save", blocker / "ckpt"]]
+    """The checkpoint save at the end of training fails (a disk error: every torch.save raises
+    EIO, pretrain_gpt.py run as its own __main__ otherwise as is; a --save directory that is unusable
+    from the start is refused at startup instead, test_save_dir_startup): the exception unwinds
+    through the interpreter and the exit status says so."""
+    code = ("import errno, runpy, torch\n"
+            "def failing_save(*args, **kwargs):\n"
+            "    raise OSError(errno.EIO, 'Input/output error')\n"
+            "torch.save = failing_save\n"
+            "runpy.run_path('pretrain_gpt.py', run_name='__main__')\n")
+    cmd = [sys.executable, "-c", code] + [str(f) for f in RUN + ["--save", tmp_path / "ckpt"]]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, DS_ACCELERATOR="cpu", WORLD_SIZE="1", OMP_NUM_THREADS="1",
                                    PYTHONPATH=ROOT))
     assert f" iteration        {ITERS}/" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode not in (0, 2), proc.stderr[-3000:]
-    assert "Traceback" in proc.stderr
+    assert "Traceback" in proc.stderr and "OSError: [Errno 5] Input/output error" in proc.stderr

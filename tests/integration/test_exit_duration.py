@@ -1,7 +1,9 @@
 """--exit-duration-in-mins and --kill-switch-path are decided together: when one rank's clock
 passes the limit, or one rank sees the kill-switch file, every rank stops after the same iteration
 (otherwise one rank would enter the exit save and its barrier while the others start another step,
-and the run would hang)."""
+and the run would hang). The budget counts from the earliest rank's process start and is spent
+once one more iteration and a save would not fit (megatron/training/time_budget.py)."""
+import re
 import time
 
 from tests.support.distributed import run_distributed
@@ -39,25 +41,75 @@ def test_one_late_rank_or_one_kill_switch_stops_every_rank(tmp_path):
     assert [killed for _, killed in results] == [[(False, True), (False, True), (False, False)]] * 2
 
 
-def test_a_real_run_stops_every_rank_at_the_same_iteration_and_saves(tmp_path):
-    """--exit-duration-in-mins in a PP=2 launch: both stages stop after the same iteration, well
-    before --train-iters, each writes its part of that iteration's checkpoint, and the pointers
-    name it."""
+def _startup(out):
+    """(budget start, first save's estimate, predicted checkpoint bytes) from the startup line."""
+    match = re.search(r"^--exit-duration-in-mins [\d.e-]+: [\d.]+ s from ([\d.]+) \(.*\); until a save is measured, "
+                      r"one is estimated at ([\d.]+) s \((\d+) bytes predicted\)$", out, re.MULTILINE)
+    assert match, out[-3000:]
+    return float(match.group(1)), float(match.group(2)), int(match.group(3))
+
+
+def _check_decisions(ranks, seconds, start):
+    """Every decision the ranks agreed on, checked by hand: the same numbers on both ranks; `late`
+    exactly when used + longest iteration + save > the budget; the time used counted from `start`
+    (it covers each rank's own step, which ended before the decision); the longest iteration at
+    least each step any rank has timed itself. Returns the decisions."""
+    decisions = ranks[0]["stop_flags"]
+    assert decisions and all(r["stop_flags"] == decisions for r in ranks.values())
+    for iteration, late, used, longest, save in decisions:
+        assert late == (used + longest + save > seconds), (iteration, used, longest, save, seconds)
+        steps = [r["step_times"][str(i)] for r in ranks.values() for i in range(1, iteration + 1)
+                 if str(i) in r["step_times"]]
+        if str(iteration) in ranks[0]["step_times"]:
+            assert used >= max(r["step_times"][str(iteration)][1] for r in ranks.values()) - start - 0.001
+        assert longest >= max((end - begin for begin, end in steps), default=0.0)
+    return decisions
+
+
+def test_the_budget_counts_from_the_process_start_and_keeps_room_for_an_iteration_and_a_save(tmp_path):
+    """PP=2: a run with a budget it cannot spend (6 iterations), then its resumption with a budget
+    sized from the first run's own times, which stops, saved, once one more iteration and a save
+    would not fit; both stages at the same iteration, each decision checked by hand."""
     from tests.support.launcher import TINY, launch
     ckpt = tmp_path / "ckpt"
-    # 0.02 min = 1.2 s of training: a few iterations of this model, far fewer than 10000
-    args = TINY + ["--global-batch-size", 2, "--train-iters", 10000, "--pipeline-model-parallel-size", 2,
-                   "--exit-duration-in-mins", 0.02, "--save", ckpt, "--eval-iters", 0]
-    proc, ranks = launch(2, args, str(tmp_path / "run"))
-    stopped = {r["iteration"] for r in ranks.values()}
-    assert len(ranks) == 2 and len(stopped) == 1, stopped
-    [iteration] = stopped
-    assert 1 <= iteration < 10000
+    common = TINY + ["--global-batch-size", 2, "--pipeline-model-parallel-size", 2, "--save", ckpt, "--eval-iters", 0]
+    proc, first = launch(2, common + ["--train-iters", 6, "--save-interval", 3, "--exit-duration-in-mins", 60],
+                         str(tmp_path / "first"))
+    start, _, predicted = _startup(proc.stdout)
+    # the earliest rank's process start (read by hand from /proc; printed to the millisecond)
+    assert abs(start - min(r["process_start"] for r in first.values())) <= 0.002
+    decisions = _check_decisions(first, 3600.0, start)
+    assert [d[0] for d in decisions] == [0, 1, 2, 3, 4, 5, 6] and not any(d[1] for d in decisions)
+    # the prediction is about the size of a real checkpoint (the tied embedding's copy counted, not saved)
+    size = sum(p.stat().st_size for p in (ckpt / "global_step6").iterdir())
+    assert abs(size - predicted) <= 0.1 * size, (size, predicted)
+
+    # three times what the first run used, from its process start to its last decision: time for its
+    # start-up, the load and some iterations
+    minutes = round(3 * decisions[-1][2] / 60, 6)
+    seconds = 60 * minutes
+    proc, ranks = launch(2, common + ["--load", ckpt, "--override-opt_param-scheduler", "--train-iters", 100000,
+                                      "--save-interval", 10, "--log-interval", 50, "--exit-duration-in-mins", minutes],
+                         str(tmp_path / "second"))
+    start, estimate, _ = _startup(proc.stdout)
+    assert abs(start - min(r["process_start"] for r in ranks.values())) <= 0.002
+    decisions = _check_decisions(ranks, seconds, start)
+    [stopped] = {r["iteration"] for r in ranks.values()}
+    # one decision before the first iteration, then one after each; only the last one is late
+    assert [d[0] for d in decisions] == list(range(6, stopped + 1)) and 6 < stopped < 100000
+    assert [d[1] for d in decisions] == [False] * (len(decisions) - 1) + [True]
+    # the save's time: the estimate until the first save (iteration 10), then measured
+    for iteration, _, _, _, save in decisions:
+        assert (abs(save - estimate) <= 0.0005) == (iteration < 10), (iteration, save, estimate)
+    used, longest, save = decisions[-1][2:]
+    assert (f"--exit-duration-in-mins: {used:.3f} s used of {seconds:.3f} s; one more iteration ({longest:.3f} s, the "
+            f"longest so far) and a save ({save:.3f} s, the last save) would not fit: stopping after iteration "
+            f"{stopped}\n") in proc.stdout
+    assert f"exiting program at iteration {stopped}\n" in proc.stdout
     for r in ranks.values():  # every rank ran exactly those iterations
-        assert sorted(map(int, r["step_losses"])) == list(range(1, iteration + 1))
-    assert f"exiting program at iteration {iteration}\n" in proc.stdout
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(iteration)
-    step = ckpt / f"global_step{iteration}"
+        assert sorted(map(int, r["step_losses"])) == list(range(7, stopped + 1))
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == str(stopped)
+    step = ckpt / f"global_step{stopped}"
     # each stage's own files: its layers (the embedding and layer 1 on stage 0, layer 2, the final
     # norm and the tied embedding copy on stage 1) and its model-parallel state
     files = sorted(p.name for p in step.iterdir())

@@ -21,9 +21,15 @@ $DRIVER_OUT/rank{R}.json:
   * with DRIVER_DIE_IN_SAVE=N:R: rank R kills itself (SIGKILL, as a node loss or the OOM killer does)
     right after writing its ZeRO optimizer file of iteration N's save, mid-save;
   * with DRIVER_HOLD_UNTIL=PATH: every rank waits, once the engine is built (the run holds its
-    --save directory by then), until PATH exists (a test does something meanwhile);
+    --save directory by then), until PATH exists (a test does something meanwhile), having written
+    $DRIVER_OUT/rank{R}.held;
   * each forward of the model on this rank: (training, the sequence length of its [b, s] token
     input) where the rank's model takes tokens (`model_inputs`; the first pipeline stage, or all);
+  * `stop_flags`: after each iteration (and once before the first, with --exit-duration-in-mins),
+    [iteration, late, used, longest iteration, save] as the ranks agreed on them (the Trainer's
+    on_stop_flags hook); `step_times`: each iteration's [start, end] wall-clock time around the
+    engine's step (on_step_start / on_step_end); `process_start`: this process's start, read from
+    /proc by hand (the boot time plus its start ticks), not through the trainer's code;
   * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
     (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
     signal processes while every rank is known to be inside iteration N.
@@ -54,7 +60,17 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"
                "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv", "all_to_all_single")
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
          "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "lrs": {}, "tokens": {},
-         "samples": [], "evaluations": [], "step_losses": {}, "model_inputs": []}
+         "samples": [], "evaluations": [], "step_losses": {}, "model_inputs": [], "stop_flags": [],
+         "step_times": {}}
+
+
+def _process_start_by_hand():
+    """time.time() of this process's start: /proc/stat's boot time plus field 22 of /proc/self/stat."""
+    with open("/proc/stat") as f:
+        booted = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _spy(owner, name, counter):
@@ -95,6 +111,8 @@ class Recorder(TrainerHooks):
         if os.environ.get("DRIVER_SPIKY_SAMPLES"):
             trainer.spiky_loss_samples = int(os.environ["DRIVER_SPIKY_SAMPLES"])
         hold = os.environ.get("DRIVER_HOLD_UNTIL")
+        if hold:  # past every startup check: a test may now change what the run will meet
+            open(os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}.held"), "w").close()
         while hold and not os.path.exists(hold):
             time.sleep(0.1)
 
@@ -115,6 +133,7 @@ class Recorder(TrainerHooks):
 
     def on_step_start(self, trainer):
         self.inf_hook = None
+        state["step_times"][trainer.progress.iteration + 1] = [time.time(), None]
         if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_PAUSE_AT", "0")):
             path = os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}.paused")
             with open(path + ".tmp", "w") as f:
@@ -135,6 +154,7 @@ class Recorder(TrainerHooks):
             with torch.no_grad():
                 for param in trainer.engine.module.parameters():
                     param.mul_(float(factor))
+        state["step_times"][trainer.progress.iteration][1] = time.time()
 
     def on_log_start(self, trainer, stats, lr):
         # the logged loss at full precision, for bit-for-bit comparisons across runs
@@ -152,6 +172,9 @@ class Recorder(TrainerHooks):
 
     def on_evaluate(self, trainer, prefix, name, loss):
         state["evaluations"].append([prefix, name, loss])  # at full precision
+
+    def on_stop_flags(self, trainer, flags):
+        state["stop_flags"].append([trainer.progress.iteration, flags.late, *(flags.times or ())])
 
 
 RECORDER = Recorder()
@@ -200,7 +223,7 @@ def main():
             with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
                 json.dump(dict(state, stopped=e.code, in_log=None), f)
         raise
-    result = dict(state, rank=args.rank, parameters=args.parameters,
+    result = dict(state, rank=args.rank, process_start=_process_start_by_hand(), parameters=args.parameters,
                   parameters_no_embedding=args.parameters_no_embedding,
                   parameters_in_billions=args.parameters_in_billions,
                   parameters_in_billions_no_embedding=args.parameters_in_billions_no_embedding,
