@@ -75,11 +75,12 @@ def test_mfu_of_a_real_models_counted_flops():
     settings = resolve_mfu("fp32", 2.0, device_name="cpu")
     assert "--peak-tflops 2" in settings.reason
     # 28,311,552 x 80 samples / 0.5 s = 4,529,848,320 FLOP/s; over 4 devices 1,132,462,080 each;
-    # over a 2e12 FLOP/s peak: 5.6623104e-4
+    # over a 2e12 FLOP/s peak: 5.6623104e-4 exactly (27,648 / 48,828,125). Equal to the last bit: up
+    # to the peak every step is exact in doubles, and one division rounds to the nearest double
     mfu = interval_mfu(args.model_flops_per_sample, samples=80, elapsed=0.5, world_size=4,
                        peak_tflops=settings.peak_tflops_per_device)
-    assert mfu == pytest.approx(5.6623104e-4, rel=1e-12)
-    assert model_flops_utilization(counted, 80, 0.5, 4, 2.0) == pytest.approx(5.6623104e-4, rel=1e-12)
+    assert mfu == 5.6623104e-4
+    assert model_flops_utilization(counted, 80, 0.5, 4, 2.0) == 5.6623104e-4
     settings = resolve_mfu("fp32", None, device_name="NVIDIA GeForce RTX 4090")
     assert interval_mfu(counted, 80, 0.5, 4, settings.peak_tflops_per_device) is None
     # the training dtype picks the column: bf16 on an A100 is 312, fp32 without TF32 19.5
