@@ -12,9 +12,10 @@
 # function). Prints one table row per module (mutants, killed, survived, timeout, no tests: a
 # mutated function none of the module's tests reaches, other: suspicious/segfault) and
 # leaves `mutmut results` / `mutmut show <mutant>` usable in the scratch copy.
-# The table in docs/testing.md was made with this script; after adding tests, a pass's
-# survivors were re-checked in its scratch copy: copy the new test files into both $dir/tests and
-# $dir/mutants/tests, then `mutmut run NAME ...` there with the names `mutmut results` lists as survived.
+# The table in docs/testing.md counts one run of this script per module. To try new tests on a
+# pass's survivors alone, copy them into both $dir/tests and $dir/mutants/tests and run
+# `mutmut run NAME ...` there with the names `mutmut results` lists as survived; what such a
+# re-run kills is not added to the table (run the script again).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${MUTATION_WORK:-/tmp/mutation}"

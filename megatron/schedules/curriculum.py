@@ -62,6 +62,17 @@ class CurriculumSchedule:
                 return self._raw(first)
         return self._raw(step)
 
+    def steady_from(self) -> int:
+        """The first iteration from which the length never changes: the schedule holds once it
+        reached max_difficulty, and a fixed_discrete one keeps its last difficulty after its last
+        max_step (fixed_linear / fixed_root always reach max_difficulty: they grow without bound
+        before the cap)."""
+        last = max(self.max_step) + 1 if self.schedule_type == "fixed_discrete" else math.inf
+        step = 1
+        while step < last and self.seqlen(step) < self.max_difficulty:
+            step += 1
+        return step
+
     def describe(self, seq_length: int) -> str:
         """The startup line."""
         if self.schedule_type == "fixed_discrete":

@@ -37,24 +37,32 @@ class NumMicroBatchesCalculator:
 
 def run_length(args: Namespace) -> tuple[int, int]:
     """(iterations, samples) of the whole run: it stops at --train-iters or --train-samples, or
-    earlier once --train-tokens tokens (samples x --seq-length) are consumed (Microsoft's fork
-    keeps both limits), while the global batch ramps up."""
+    earlier once --train-tokens tokens are consumed (Microsoft's fork keeps both limits), while the
+    global batch ramps up and a sequence-length curriculum (args.curriculum) trains shorter samples:
+    iteration i consumes its global batch x the length it trains at, as the Trainer counts it."""
     iteration_cap = args.train_iters if args.train_iters is not None else math.inf
     sample_cap = args.train_samples if args.train_samples is not None else math.inf
-    if getattr(args, "train_tokens", None) is not None:
-        sample_cap = min(sample_cap, -(-args.train_tokens // args.seq_length))
+    token_cap = getattr(args, "train_tokens", None)
+    token_cap = math.inf if token_cap is None else token_cap
+    curriculum = getattr(args, "curriculum", None)
+    steady_from = curriculum.steady_from() if curriculum else 1  # the first iteration of the final length
     calculator = NumMicroBatchesCalculator(args.global_batch_size, args.micro_batch_size,
                                            args.data_parallel_size, args.rampup_batch_size)
-    iterations = consumed = 0
-    while iterations < iteration_cap and consumed < sample_cap:
+    iterations = consumed = tokens = 0
+    while iterations < iteration_cap and consumed < sample_cap and tokens < token_cap:
         gbs = calculator.get_current_global_batch_size()
-        if gbs == calculator.final_global_batch_size:  # ramp-up over: the rest in one step
+        seqlen = curriculum.seqlen(iterations + 1) if curriculum else args.seq_length
+        if gbs == calculator.final_global_batch_size and iterations + 1 >= steady_from:
+            # neither the batch nor the length changes any more: the rest in one step
             rest = iteration_cap - iterations
             if sample_cap < math.inf:
                 rest = min(rest, -(-(sample_cap - consumed) // gbs))
+            if token_cap < math.inf:
+                rest = min(rest, -(-(token_cap - tokens) // (gbs * seqlen)))
             # validate_args requires --train-iters or --train-samples: one cap is finite, rest an int
             return iterations + rest, consumed + rest * gbs  # type: ignore[return-value]
         consumed += gbs
+        tokens += gbs * seqlen
         iterations += 1
         calculator.update(consumed)
     return iterations, consumed

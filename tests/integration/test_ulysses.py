@@ -68,6 +68,33 @@ def _scalars(logdir):
     return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
+# The launch's model (TINY, rotary: no position table; 4 query / 2 kv heads of 16: QKV 128 x 64)
+# in fp32 at ZeRO 1 over its 2 SP ranks, by hand. DeepSpeed's two param groups, flattened in
+# parameter order: the matrices (word embedding 40,960; per layer QKV 8,192, dense 4,096, MLP
+# 16,384 twice) = 131,072 and the biases and norms (per layer 768, final norm 128) = 1,664, both
+# multiples of 2 x 2: no padding. Weights: the flat fp32 copy, 4 x 132,736. Optimizer: fp32 master,
+# exp_avg and exp_avg_sq of each group's half, 12 x (65,536 + 832), and one 4-byte step per group.
+# Gradients: the whole parameters overlapping the rank's half of each group: rank 0 the embedding,
+# layer 1's QKV, dense and h->4h (69,632) and the vectors up to layer 2's first norm weight (832);
+# rank 1 from layer 1's h->4h on (77,824) and the other 832 vectors.
+ULYSSES_ZERO1_RANK0 = (4 * 132_736, 4 * (69_632 + 832), 12 * (65_536 + 832) + 8)
+ULYSSES_ZERO1_RANK1 = (530_944, 314_624, 796_424)
+assert ULYSSES_ZERO1_RANK1 == (4 * 132_736, 4 * (77_824 + 832), 12 * (65_536 + 832) + 8)
+
+
+def _measured_state(out):
+    """{SP rank: (weights, gradients, optimizer)} as measured in the launch's "memory after the first
+    iteration" table (cells "predicted/measured")."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("memory after the first iteration"))
+    measured = {}
+    for line in lines[start + 2:start + 4]:
+        cells = [c.strip() for c in line.split("|")]
+        values = [int(c.split("/")[1].replace(",", "")) for c in cells[4:7]]
+        measured[int(cells[3])] = tuple(values)
+    return measured
+
+
 def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
     """Real `deepspeed` launches with --no-pipeline-parallel, rotary and GQA, 4 iterations,
     checkpoints at 2: A, one rank (the reference, ZeRO 0); B, SP=2 with ZeRO 1 (DeepSpeed's ZeRO
@@ -104,12 +131,15 @@ def test_sp2_launch_trains_and_resumes_as_one_rank(tmp_path):
         assert s["iteration-time/MFU"][it] == pytest.approx(ref["flops_per_sample"] * samples / 2 / 1e12, rel=1e-5)
     assert "DP=1 x SP=2 (ZeRO over 2 ranks), micro batch 2 x 2" in proc.stdout  # one replica
     assert f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP=2): {ref['flops_per_sample'] // 2:,}" in proc.stdout
-    # tools/param_count.py, given the launch's flags and its world size, prints the same memory table
+    # tools/param_count.py, given the launch's flags and its world size: its row (the most loaded
+    # rank, SP rank 1) worked out by hand, and equal to what that rank measured holding after its
+    # first iteration (memory_measure's storages of the engine's tensors)
     tool = load_tool("param_count")
     report = tool.report(tool.parse_args(common + sp2 + ["--zero-stage", "1", "--world-size", "2"]))
     start = next(i for i, ln in enumerate(report) if ln.startswith("memory per rank"))
-    table = report[start:start + 4]  # title, header, the rank's row, the most loaded rank
-    assert all(ln in proc.stdout.splitlines() for ln in table), table
+    row = [int(c.replace(",", "")) for c in report[start + 2].split("|")]
+    assert row[:5] == [0, 1, *ULYSSES_ZERO1_RANK1]
+    assert _measured_state(proc.stdout) == {0: ULYSSES_ZERO1_RANK0, 1: ULYSSES_ZERO1_RANK1}
 
     _, c = launch(1, common + ["--zero-stage", "1",
                                "--load", checkpoint_at(str(tmp_path / "b"), 2, str(tmp_path / "b2"))],

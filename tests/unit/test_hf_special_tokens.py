@@ -47,6 +47,12 @@ CASES = {
                                   {}, 2),
     "extra_special_tokens dict of AddedTokens": ({"extra_special_tokens": {"image_token": added_token("<image>")}},
                                                  {}, 1),
+    # the values are what counts, not the names: "a" and <|endoftext|> are in the vocab already, and
+    # of the mixed dict only <audio> is new (counting the keys would add 2 in each case)
+    "extra_special_tokens dict of tokens the vocab holds": ({"extra_special_tokens": {
+        "image_token": "a", "eos_alias": "<|endoftext|>"}}, {}, 0),
+    "extra_special_tokens dict, one token new": ({"extra_special_tokens": {
+        "image_token": "a", "audio_token": "<audio>"}}, {}, 1),
     # "a" is a byte of the base vocab, <|endoftext|> its one special token: nothing new
     "tokens the vocab holds": ({"pad_token": "a", "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}, {}, 0),
     # <pad> named as pad and as an extra token, <x> as extra and as unk: 2 tokens

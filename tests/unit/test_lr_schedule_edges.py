@@ -37,6 +37,34 @@ def test_one_sample_decay_window_ends_at_min_lr():
     assert lr.step(1) == 0.25
 
 
+def test_the_end_of_a_warmup_longer_than_the_decay():
+    """Sample-mode flags that validation accepts: warm-up over 8 samples, decay over 4 (token mode
+    refuses that order; Megatron-LM asserts against it). As Megatron-LM's scheduler reads it, the
+    warm-up comes first (n <= warmup), so at its end, n = 8 past the decay's 4, the LR is the
+    warm-up's 1e-3 x 8 / 8 = 1e-3, not --min-lr 1e-5; after it, past the decay, --min-lr."""
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
+    flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--micro-batch-size", "2", "--global-batch-size", "4", "--mock-data", "--vocab-size", "600",
+             "--lr", "1e-3", "--min-lr", "1e-5", "--train-samples", "16", "--lr-warmup-samples", "8",
+             "--lr-decay-samples", "4"]
+    args = validate_args(parse_args(args_list=flags), world_size=1, cuda_available=False)
+    (warmup, decay), _ = schedule_lengths(args)
+    assert (warmup, decay, args.lr_decay_style) == (8, 4, "linear")
+    lr, _ = schedule(max_lr=args.lr, min_lr=args.min_lr, warmup_samples=warmup, decay_samples=decay)
+    assert lr.step(4) == 5e-4       # 1e-3 x 4 / 8, mid-warm-up at the decay's end
+    assert lr.step(4) == 1e-3       # the warm-up's end
+    assert lr.step(4) == 1e-5       # past both
+
+
+def test_the_warmups_last_value_is_the_warmup_formulas_to_the_last_bit():
+    """At n = warmup the LR is the warm-up's max_lr x n / warmup, evaluated left to right in
+    doubles as Megatron-LM does: 3e-3 x 3 rounds up to 0.009000000000000001, / 3 gives
+    0.0030000000000000005 (the decay's formula at ratio 0 would give 0.003)."""
+    lr, _ = schedule(max_lr=3e-3, warmup_samples=3, decay_samples=10)
+    assert lr.step(3) == 0.0030000000000000005
+
+
 def test_state_dict_keys_in_token_mode():
     lr, _ = schedule(warmup_samples=2, decay_samples=8, tokens_per_sample=16, decay_tokens=100)
     lr.step(3)

@@ -191,3 +191,28 @@ def test_vocab_from_a_tokenizers_file(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith(f"param_count.py: error: --tokenizer-model {tmp_path / 'bad.json'}: {tmp_path / 'bad.json'} "
                           "is not a tokenizers file (") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("precision, weight_bytes", [([], 4), (["--bf16"], 2)], ids=["fp32", "bf16"])
+def test_zero1_state_rows_by_hand(capsys, precision, weight_bytes):
+    """ZeRO 1 over 2 ranks (DeepSpeed-Ulysses SP 2) of the rotary, 4 query / 2 kv head model: the
+    table's row (the most loaded rank, 1) by hand. DeepSpeed's two param groups in parameter order:
+    matrices (word embedding 640 x 64; per layer QKV (4 + 2 x 2) x 16 x 64, dense 64^2, MLP 64 x 256
+    twice) and vectors (per layer 2 norms of 2 x 64, QKV bias 128, dense bias 64, MLP biases 256 +
+    64; the final norm 128), both multiples of 2 x 2 (no padding). Weights: the flat 16- or 32-bit
+    copy; optimizer: fp32 master, exp_avg, exp_avg_sq of half of each group and a 4-byte step per
+    group; gradients (the weights' dtype): the whole parameters overlapping rank 1's half of each."""
+    lines, _ = run(capsys, "--vocab-size", "600", "--position-embedding-type", "rotary", "--num-key-value-heads", "2",
+                   "--ds-sequence-parallel-size", "2", "--num-gpus", "2", "--zero-stage", "1", "--micro-batch-size",
+                   "2", "--global-batch-size", "4", *precision)
+    layer_matrices = [8 * 16 * H, H * H, H * F, F * H]
+    matrices = [640 * H] + layer_matrices * 2
+    vectors = [H, H, 128, H, H, H, F, H] * 2 + [H, H]
+    assert (sum(matrices), sum(vectors)) == (131_072, 1_664)
+    # rank 1's half of the matrices starts at 65,536, inside layer 1's h->4h (53,248 .. 69,632): that
+    # one and everything after; of the vectors at 832: layer 2's first norm bias on
+    rank1_grads = H * F + F * H + sum(layer_matrices) + 1_664 - 832
+    assert rank1_grads == 78_656
+    header = next(i for i, line in enumerate(lines) if line.startswith("memory per rank"))
+    row = [int(c.replace(",", "")) for c in lines[header + 2].split("|")]
+    assert row[:5] == [0, 1, weight_bytes * 132_736, weight_bytes * rank1_grads, 12 * (131_072 + 1_664) // 2 + 8]
