@@ -113,7 +113,7 @@ ROWS: tuple[Row, ...] = (
     Row("--hysteresis", "bmal", IMPLEMENTED),
     Row("--init-method-std", "bmal", IMPLEMENTED),
     Row("--initial-loss-scale", "bmal", IMPLEMENTED),
-    Row("--kill-switch-file", "ma", IMPLEMENTED),
+    Row("--kill-switch-file", "ma", IMPLEMENTED, "= --kill-switch-path (the same feature: save, then exit)"),
     Row("--kill-switch-path", "b", IMPLEMENTED),
     Row("--kv-channels", "bmal", IMPLEMENTED),
     Row("--layernorm-epsilon", "bma", IMPLEMENTED),
