@@ -25,11 +25,11 @@ def _here(row: flag_table.Row) -> str:
 
 def render() -> str:
     letters = "".join(flag_table.FORKS)
-    head = ["| flag | " + " | ".join(letters.upper()) + " | here | why / instead |",
+    head = ["| flag | " + " | ".join(letters) + " | here | why / instead |",
             "| --- |" + " :-: |" * len(letters) + " --- | --- |"]
     lines = [f"| `{row.flag}` | " + " | ".join("x" if c in row.forks else "" for c in letters)
              + f" | {STATUS[row.status]} | {_here(row).replace('|', '/')} |" for row in flag_table.rows()]
-    forks = ", ".join(f"{c.upper()}: {name}" for c, name in flag_table.FORKS.items())
+    forks = ", ".join(f"{c}: {name}" for c, name in flag_table.FORKS.items())
     intro = (f"Every flag of the GPT pretraining path ({forks}; an empty row: this trainer's or DeepSpeed's own), "
              f"as `megatron/config/flag_table.py` holds it (sources: `megatron/config/flag_table_sources.md`).")
     return "\n".join([BEGIN, "", intro, "", *head, *lines, "", END])

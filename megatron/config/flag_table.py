@@ -7,7 +7,8 @@ Torch-free."""
 from typing import NamedTuple
 
 IMPLEMENTED, NO_EFFECT, REFUSED, OTHER_MODEL = "implemented", "no-effect", "refused", "other-model"
-FORKS = {"b": "BigScience", "m": "deepspeedai (Microsoft)", "a": "Argonne", "l": "Megatron-LM"}
+FORKS = {"b": "BigScience", "m": "deepspeedai (Microsoft)", "a": "Argonne", "l": "Megatron-LM",
+         "L": "Megatron-LM, newer (its GPT examples at d98e8a64, not in l's list)"}
 
 
 class Row(NamedTuple):
@@ -494,23 +495,23 @@ ROWS: tuple[Row, ...] = (
         "Megatron's distributed-optimizer overlap",
         "use the ds_config's zero_optimization.overlap_comm"),
     Row("--profile", "mal", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)",
         "1"),
     Row("--profile-ranks", "mal", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)",
         "+"),
     Row("--profile-step-end", "l", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)",
         "1"),
     Row("--profile-step-start", "l", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)",
         "1"),
     Row("--profile_steps", "ma", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)",
         "1"),
     Row("--random-ltd", "ma", REFUSED, "random layerwise token dropping (Microsoft's data efficiency)"),
@@ -535,6 +536,8 @@ ROWS: tuple[Row, ...] = (
     Row("--sophiag-rho", "a", REFUSED, "Argonne's Sophia optimizer", "use --optimizer adam, adamw or sgd", "1"),
     Row("--split-transformers", "bma", REFUSED, "DeepSpeed's ZeRO-3 memory-centric tiling", "drop the flag"),
     Row("--standalone-embedding-stage", "ma", REFUSED, "a pipeline stage holding the embedding alone", "drop the flag"),
+    Row("--step-batch-size-schedule", "L", REFUSED, "Megatron-LM's batch-size schedule in tokens",
+        "use --rampup-batch-size", "+"),  # "+": the example passes its schedule unquoted, split in words
     Row("--tiktoken-pattern", "l", REFUSED, "Megatron-LM's TikTokenizer", "use --tokenizer-type", "1"),
     Row("--tile-factor", "bma", REFUSED, "DeepSpeed's ZeRO-3 memory-centric tiling", "drop the flag", "1"),
     Row("--timescale", "a", REFUSED,
@@ -542,7 +545,7 @@ ROWS: tuple[Row, ...] = (
         "use --lr-decay-style constant, linear or cosine",
         "1"),
     Row("--trace-dir", "a", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)",
         "1"),
     Row("--train-data-exact-num-epochs", "ma", REFUSED,
@@ -583,7 +586,7 @@ ROWS: tuple[Row, ...] = (
         "ZeRO-3 offload by flag",
         "use the ds_config's offload_param / offload_optimizer"),
     Row("--use-pytorch-profiler", "l", REFUSED,
-        "the torch profiler traces",
+        "the torch profiler",
         "drop the flag (the log line has the iteration time)"),
     Row("--warmup", "bmal", REFUSED, "the old spelling of the warm-up", "use --lr-warmup-iters", "1"),
     # --- other models' flags ---------------------------------------------------------------------------------
@@ -689,9 +692,12 @@ ROWS: tuple[Row, ...] = (
 )
 
 
+PENDING = "not implemented yet"
+
+
 def rows() -> tuple[Row, ...]:
     """ROWS and the not-yet-implemented flags, sorted by flag."""
-    pending = tuple(Row(flag, forks, REFUSED, "not implemented yet", "", shape)
+    pending = tuple(Row(flag, forks, REFUSED, PENDING, "", shape)
                     for flag, (forks, shape) in NOT_IMPLEMENTED_YET.items())
     return tuple(sorted(ROWS + pending, key=lambda row: row.flag.lower()))
 
@@ -705,6 +711,8 @@ def refusal(row: Row) -> str:
     if row.status == OTHER_MODEL:
         return (f"{row.flag}: a flag of {row.why} models; this trainer is GPT pretraining (pretrain_gpt.py): "
                 f"drop the flag")
+    if row.why == PENDING:
+        return f"{row.flag}: {PENDING} in this trainer; drop the flag"
     return f"{row.flag}: {row.why} is not supported by this trainer; {row.instead or 'drop the flag'}"
 
 
