@@ -1,8 +1,9 @@
 """The rest of the forks' published GPT-script flags: Megatron-LM's activation-recompute spellings
 (mapped onto --activations-checkpoint-method, the same meaning), the logging flags
---log-params-norm / --log-num-zeros-in-grad (megatron/metrics/grad_stats.py), and the features this
-trainer does not have, each refused with one line before anything is built (a script passing them
-expects a training this trainer would not do)."""
+--log-params-norm / --log-num-zeros-in-grad (megatron/metrics/grad_stats.py), and every other flag of
+megatron/config/flag_table.py the parser does not declare elsewhere: the features this trainer does not
+have and other models' flags, each refused with one line before anything is built (a script passing
+them expects a training this trainer would not do), and the no-effect ones."""
 import argparse
 
 from megatron.config import flag_table

@@ -1,7 +1,7 @@
 """Flags that the forks' published launch scripts pass and that change neither the model nor the
 training here: each is accepted so the script runs unchanged, and the ones a user actually passed
-are named in one startup line on rank 0 (docs/flags.md, "Flags accepted with no effect", says why each
-has no effect). A flag that changes what is trained or what a user reads is never listed here."""
+are named in one startup line on rank 0 (flag_table.py's no-effect rows say why each has no effect;
+docs/flags.md renders them). A flag that changes what is trained or what a user reads is never listed here."""
 from argparse import ArgumentParser, Namespace
 from collections.abc import Iterable
 
