@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 IMPLEMENTED, NO_EFFECT, REFUSED, OTHER_MODEL = "implemented", "no-effect", "refused", "other-model"
 FORKS = {"b": "BigScience", "m": "deepspeedai (Microsoft)", "a": "Argonne", "l": "Megatron-LM",
-         "L": "Megatron-LM, newer (its GPT examples at d98e8a64, not in l's list)"}
+         "L": "Megatron-LM, newer than l's list (d98e8a64: its GPT examples, its config dataclasses)"}
 
 
 class Row(NamedTuple):
@@ -27,6 +27,7 @@ NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
     "--distributed-timeout-minutes": ("mal", "1"),
     "--end-weight-decay": ("mal", "1"),
     "--exit-on-missing-checkpoint": ("mal", ""),
+    "--log-loss-scale-to-tensorboard": ("L", ""),
     "--log-memory-to-tensorboard": ("mal", ""),
     "--log-world-size-to-tensorboard": ("mal", ""),
     "--no-log-loss-scale-to-tensorboard": ("bmal", ""),
@@ -55,9 +56,11 @@ NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
     "--lr-wsd-decay-samples": ("l", "1"),
     "--lr-wsd-decay-style": ("l", "1"),
     "--timing-log-option": ("mal", "1"),
+    "--wandb-entity": ("L", "1"),
     "--wandb-exp-name": ("mal", "1"),
     "--wandb-project": ("mal", "1"),
     "--wandb-save-dir": ("mal", "1"),
+    # and h's FLOPs-convention flag, once its spelling is chosen
 }
 
 ROWS: tuple[Row, ...] = (
