@@ -218,7 +218,8 @@ def _add_checkpointing_args(parser):
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true")
-    g.add_argument("--kill-switch-path", type=str, default=None,
+    # BigScience's spelling; Microsoft's and Argonne's --kill-switch-file is the same feature (save, exit)
+    g.add_argument("--kill-switch-path", "--kill-switch-file", type=str, default=None, dest="kill_switch_path",
                    help="when this file exists, every rank saves a checkpoint and exits (BigScience's fork)")
     g.add_argument("--universal-checkpoint", action="store_true",
                    help="--load the output of DeepSpeed's ds_to_universal.py named by DIR/latest_universal")

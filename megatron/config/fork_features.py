@@ -1,55 +1,17 @@
 """The rest of the forks' published GPT-script flags: Megatron-LM's activation-recompute spellings
 (mapped onto --activations-checkpoint-method, the same meaning), the logging flags
---log-params-norm / --log-num-zeros-in-grad (megatron/metrics/grad_stats.py), and the features this
-trainer does not have, each refused with one line before anything is built (a script passing them
-expects a training this trainer would not do)."""
+--log-params-norm / --log-num-zeros-in-grad (megatron/metrics/grad_stats.py), and every other flag of
+megatron/config/flag_table.py the parser does not declare elsewhere: the features this trainer does not
+have and other models' flags, each refused with one line before anything is built (a script passing
+them expects a training this trainer would not do), and the no-effect ones."""
 import argparse
-from typing import Any
 
+from megatron.config import flag_table
 from megatron.runtime.refusal import ConfigError
 from megatron.runtime.refusal import require as _require
 
-# flag -> (argparse keywords, the feature named in the refusal). Spellings and value types as the
-# forks define them (Microsoft's megatron/config/arguments.py; muP and --no-train from BigScience's tr14 /
-# tr7b scripts, which ran on branches of their fork)
-REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "--kd": ({"action": "store_true"}, "knowledge distillation (Microsoft)"),
-    "--kd-alpha-ce": ({"type": float}, "knowledge distillation (Microsoft)"),
-    "--kd-beta-ce": ({"type": float}, "knowledge distillation (Microsoft)"),
-    "--kd-temp": ({"type": float}, "knowledge distillation (Microsoft)"),
-    "--load-teacher": ({"type": str}, "knowledge distillation (Microsoft)"),
-    "--num-layers-teacher": ({"type": int}, "knowledge distillation (Microsoft)"),
-    "--hidden-size-teacher": ({"type": int}, "knowledge distillation (Microsoft)"),
-    "--num-attention-heads-teacher": ({"type": int}, "knowledge distillation (Microsoft)"),
-    "--num-experts-teacher": ({"type": int, "nargs": "+"}, "knowledge distillation (Microsoft)"),
-    "--mos": ({"action": "store_true"}, "Mixture-of-Students distillation (Microsoft)"),
-    "--mup": ({"action": "store_true"}, "muP parametrization (BigScience tr14)"),
-    "--mup-input-mult": ({"type": float}, "muP parametrization (BigScience tr14)"),
-    "--mup-output-mult": ({"type": float}, "muP parametrization (BigScience tr14)"),
-    "--mup-attn-mult": ({"type": float}, "muP parametrization (BigScience tr14)"),
-    "--no-train": ({"nargs": "?", "const": "1"}, "an evaluation-only run (BigScience tr7b)"),
-    "--use-bnb-optimizer": ({"action": "store_true"}, "bitsandbytes' 8-bit Adam"),
-    "--cpu-optimizer": ({"action": "store_true"}, "DeepSpeed's CPU Adam (the optimizer step on the CPU)"),
-    "--cpu_torch_adam": ({"action": "store_true"}, "DeepSpeed's CPU Adam (the optimizer step on the CPU)"),
-    "--enable-zbh1-pipeline": ({"action": "store_true"}, "the zero-bubble pipeline schedule"),
-    "--enable-zbh1-exact-semantics": ({"action": "store_true"}, "the zero-bubble pipeline schedule"),
-    "--ds-sequence-parallel-fpdt": ({"action": "store_true"}, "FPDT (DeepSpeed-Ulysses sequence parallelism)"),
-    "--ds-sequence-parallel-fpdt-chunk-size": ({"type": int}, "FPDT (DeepSpeed-Ulysses sequence parallelism)"),
-    "--ds-sequence-parallel-fpdt-offloading": ({"action": "store_true"},
-                                               "FPDT (DeepSpeed-Ulysses sequence parallelism)"),
-    "--reset-iteration": ({"action": "store_true"},
-                          "resetting the loaded iteration and sample counters (use --finetune to start at 0)"),
-    "--use-checkpoint-args": ({"action": "store_true"},
-                              "taking the model's flags from the checkpoint (pass them; --load checks them)"),
-    # Argonne's AuroraGPT launchers and Microsoft's data-efficiency examples (issue 31)
-    "--shuffle-sample-in-corpus": ({"action": "store_true"}, "Argonne's corpus-wide sample shuffling"),
-    "--random-ltd": ({"action": "store_true"}, "random layerwise token dropping (Microsoft's data efficiency)"),
-    "--data-efficiency-curriculum-learning": ({"action": "store_true"},
-                                              "data-efficiency curriculum learning (Microsoft)"),
-    "--train-doc-idx-path": ({"type": str}, "precomputed index files (Microsoft's data efficiency)"),
-    "--train-sample-idx-path": ({"type": str}, "precomputed index files (Microsoft's data efficiency)"),
-    "--train-shuffle-idx-path": ({"type": str}, "precomputed index files (Microsoft's data efficiency)"),
-}
+# flag -> its row: features this trainer does not have, and other models' flags (megatron/config/flag_table.py)
+REFUSED = {**flag_table.by_status(flag_table.REFUSED), **flag_table.by_status(flag_table.OTHER_MODEL)}
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +31,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-data-sharding", action="store_false", dest="data_sharding", help="accepted; no effect")
     g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default="local",
                    help="local only")
-    for flag, (kwargs, _) in REFUSED.items():
-        g.add_argument(flag, default=None, help="refused: not supported", **kwargs)
+    # every other flag of the table not declared yet (refused, other models', accepted with no effect)
+    for row in flag_table.rows():
+        if row.status != flag_table.IMPLEMENTED and row.flag not in parser._option_string_actions:
+            g.add_argument(row.flag, help=row.status, **flag_table.argparse_keywords(row))
 
 
 def _dest(flag):
@@ -78,12 +42,13 @@ def _dest(flag):
 
 
 def refuse_and_map(args: argparse.Namespace) -> None:
-    """The refusals (one line each, in the table's order), then the recompute spellings. Runs in
+    """The refusals (one line, the first refused flag given), then the recompute spellings. Runs in
     validate_args, before anything is built."""
-    for flag, (_, feature) in REFUSED.items():
-        value = getattr(args, _dest(flag), None)
+    # the first refused flag as the user gave it (then the table's order, for args built without argv)
+    for flag in dict.fromkeys([*getattr(args, "given_flags", ()), *REFUSED]):
+        value = getattr(args, _dest(flag), None) if flag in REFUSED else None
         if value is not None and value is not False:
-            raise ConfigError(f"{flag}: {feature} is not supported by this trainer; drop the flag")
+            raise ConfigError(flag_table.refusal(REFUSED[flag]))
     _require(args.word_embedding_init_std is None or args.adjust_word_embedding_init,
              f"--word-embedding-init-std {args.word_embedding_init_std} acts with --adjust-word-embedding-init only "
              f"(Argonne's fork ignores it otherwise): add --adjust-word-embedding-init or drop the flag")

@@ -69,10 +69,10 @@ def test_vocab_file(capsys):
 
 
 def test_flags_unknown_to_the_trainer_named_on_stderr(capsys):
-    lines, err = run(capsys, "--vocab-size", "600", "--qk-layernorm", "--use-mcore-models")
+    lines, err = run(capsys, "--vocab-size", "600", "--qk-layernorm", "--use-torch-fsdp2")
     assert lines[0] == "parameters: 143,104"
     assert err == ("param_count.py: ignored, not flags of pretrain_gpt.py (the numbers are for the model without "
-                   "them): --qk-layernorm, --use-mcore-models\n")
+                   "them): --qk-layernorm, --use-torch-fsdp2\n")
 
 
 @pytest.mark.parametrize("flags, message", [
