@@ -7,6 +7,7 @@ import dataclasses
 import os
 import random
 from collections.abc import Callable
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -60,7 +61,10 @@ def _initialize_distributed(args: RunArgs) -> ParallelLayout:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    # --distributed-timeout-minutes: the default process group's timeout, which the groups built
+    # from it (TP, PP, DP) inherit
+    deepspeed.init_distributed(dist_backend=backend, verbose=False,
+                               timeout=timedelta(minutes=args.distributed_timeout_minutes))
     check_deepspeed_version()  # one line on rank 0 outside the tested releases
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
