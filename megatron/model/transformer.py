@@ -16,7 +16,7 @@ from megatron import mpu
 from megatron.mpu.layers import divide
 
 from .config import GPTConfig
-from .documents import document_mask, document_positions
+from .documents import document_mask
 from .layer_norm import norm_class
 from .mlp import ParallelMLP
 from .moe.layer import MoEMLP
@@ -60,7 +60,8 @@ class ParallelAttention(nn.Module):
         self.position_embedding_type = shape.position_embedding_type
         self.rope_theta = config.rope_theta
         self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
-        self.reset_position_ids = config.reset_position_ids
+        # --reset-position-ids acts on the learned table only (language_model.py), as in both forks and
+        # Megatron-LM: rotary and ALiBi see relative distances, the same within a document
         self.reset_attention_mask = config.reset_attention_mask
         self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
                                                         bias=shape.qkv_bias, params_dtype=config.params_dtype,
@@ -144,9 +145,6 @@ class ParallelAttention(nn.Module):
         if self.position_embedding_type == "rotary":
             cos, sin = self._cached("rotary", s, q,
                                     lambda: rotary_tables(s, self.rotary_dim, self.rope_theta, q.device))
-            if self.reset_position_ids and doc_ids is not None:  # each sample's own positions [b, 1, s, r]
-                positions = document_positions(doc_ids)
-                cos, sin = cos[positions][:, None], sin[positions][:, None]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         doc_mask = document_mask(doc_ids) if self.reset_attention_mask and doc_ids is not None else None
         dropout_p = self.dropout_p if self.training else 0.0

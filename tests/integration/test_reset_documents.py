@@ -1,0 +1,123 @@
+"""--reset-position-ids --reset-attention-mask --eod-mask-loss against a plain per-document run:
+each document of a sample run alone (its own sequence, positions from 0, nothing else to attend to)
+through the same weights without the flags. The flagged model must give the same logits at every
+position, and the same loss with the predictions made from end-of-document tokens left out
+(the forks' --eod-mask-loss). Checked on the plain module (learned / rotary / ALiBi positions, both
+attention implementations) and through DeepSpeed's pipeline engine at PP=2, whose stages pass
+(hidden states, document index) tuples: the second stage's layers see the documents too."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.support.distributed import run_distributed
+from tests.support.model_fixtures import SEED, tiny_config
+
+EOD = 127
+S = 16
+VARIANTS = [dict(position_embedding_type="absolute", attention_impl="sdpa"),
+            dict(position_embedding_type="rotary", attention_impl="math"),
+            dict(position_embedding_type="alibi", attention_impl="sdpa"),
+            dict(position_embedding_type="absolute", attention_impl="math")]
+
+
+def _batch():
+    """Two samples of S tokens (+1 for the labels) below EOD, with end-of-document tokens: row 0
+    holds documents of 4, 6 and 7 tokens; row 1 one of 1 token, then one that runs to the end."""
+    g = torch.Generator().manual_seed(3)
+    text = torch.randint(0, EOD, (2, S + 1), generator=g)
+    text[0, [3, 9]] = EOD
+    text[1, [0, 16]] = EOD
+    return text[:, :-1].contiguous(), text[:, 1:].contiguous()
+
+
+def _documents(row):
+    """[(start, end)] of one row of tokens: each document up to and including its EOD."""
+    ends = [i + 1 for i, t in enumerate(row.tolist()) if t == EOD]
+    bounds = [0] + [e for e in ends if e < len(row)] + [len(row)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _per_document(variant):
+    """Logits [s, b, V] of each document run alone through the model without the flags, and the
+    mean token loss over the positions whose input is not an EOD."""
+    from megatron.model.gpt_model import GPTModel
+    model = GPTModel(tiny_config(**variant), seed=SEED).eval()
+    tokens, labels = _batch()
+    logits = torch.zeros(S, 2, 128)
+    with torch.no_grad():
+        for b in range(2):
+            for start, end in _documents(tokens[b]):
+                logits[start:end, b] = model(tokens[b:b + 1, start:end])[:, 0]
+    losses = F.cross_entropy(logits.permute(1, 2, 0), labels, reduction="none")  # [b, s]
+    keep = tokens != EOD
+    return logits, (losses * keep).sum() / keep.sum()
+
+
+def _flagged(variant, reset_position_ids=True, reset_attention_mask=True):
+    from megatron.model.documents import document_ids
+    from megatron.model.gpt_model import GPTModel
+    model = GPTModel(tiny_config(**variant, reset_position_ids=reset_position_ids,
+                                 reset_attention_mask=reset_attention_mask), seed=SEED).eval()
+    tokens, labels = _batch()
+    doc_ids = document_ids(tokens, EOD)
+    loss_mask = (tokens != EOD).float()  # what pretrain_gpt.get_batch makes with --eod-mask-loss
+    with torch.no_grad():
+        return model(tokens, doc_ids=doc_ids), model(tokens, labels, loss_mask, doc_ids=doc_ids)
+
+
+def _plain_module_cases():
+    out = []
+    for variant in VARIANTS:
+        expected_logits, expected_loss = _per_document(variant)
+        logits, loss = _flagged(variant)
+        out.append((variant, expected_logits, expected_loss, logits, loss))
+    # each flag alone is not the per-document run (learned positions): both are needed, and each acts
+    variant = VARIANTS[0]
+    expected_logits, _ = _per_document(variant)
+    alone = [_flagged(variant, reset_position_ids=p, reset_attention_mask=m)[0] for p, m in ((True, False),
+                                                                                         (False, True))]
+    return out, expected_logits, alone
+
+
+def test_plain_module_equals_per_document_runs():
+    cases, expected_logits, alone = run_distributed(1, _plain_module_cases)[0]
+    for variant, want_logits, want_loss, logits, loss in cases:
+        torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5, msg=str(variant))
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6, msg=str(variant))
+    for logits in alone:
+        assert not torch.allclose(logits, expected_logits, atol=1e-3)
+
+
+def _pipeline_eval():
+    import deepspeed
+
+    from megatron import mpu
+    from megatron.model.documents import document_ids
+    from megatron.model.gpt_model import GPTModelPipe
+    config = tiny_config(num_layers=2, reset_position_ids=True, reset_attention_mask=True)
+    model = GPTModelPipe(config, topology=mpu.get_topology(), seed=SEED)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        config={"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 9})
+    tokens, labels = _batch()
+    loss_mask = (tokens != EOD).float()
+    batch = ((tokens, document_ids(tokens, EOD)), (labels, loss_mask))
+    seen = []  # the second stage's layers: the document index they were called with
+    for module in model.forward_funcs:
+        if type(module).__name__ == "ParallelTransformerLayerPipe":
+            module.self_attention.register_forward_pre_hook(lambda m, inputs: seen.append(inputs[1].tolist()))
+    loss = engine.eval_batch(iter([batch])).item()
+    train_loss = engine.train_batch(iter([batch])).item()  # lr 0: the backward runs through the tuples
+    return {"stage": mpu.get_pipeline_model_parallel_rank(), "loss": loss, "train_loss": train_loss, "seen": seen,
+            "expected": document_ids(tokens, EOD).tolist()}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_pipeline_engine_carries_the_documents_to_the_last_stage():
+    ranks = run_distributed(2, _pipeline_eval, pp=2)
+    _, want_loss = run_distributed(1, _per_document, VARIANTS[0])[0]
+    last = next(r for r in ranks if r["stage"] == 1)
+    assert last["loss"] == pytest.approx(float(want_loss), rel=1e-5)
+    assert last["train_loss"] == pytest.approx(float(want_loss), rel=1e-5)
+    for rank in ranks:  # each stage's layers got the batch's document index
+        assert rank["seen"] and all(seen == rank["expected"] for seen in rank["seen"])
