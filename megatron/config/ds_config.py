@@ -116,6 +116,11 @@ def _take_zero_flags(zero, where, args):
         _require(key not in zero or zero[key] == value,
                  f"{where}: zero_optimization.{key}={zero.get(key)} disagrees with {flag} ({value}); make them match")
         zero[key] = value
+    # DeepSpeed's ZeRO 1 / 2 asserts this at engine build (its nccl_start_alignment_factor)
+    gather = zero.get("allgather_bucket_size")
+    _require(not (isinstance(gather, int) and gather % 2),
+             f"{where}: zero_optimization.allgather_bucket_size {gather} (--zero-allgather-bucket-size) must be a "
+             f"multiple of 2 (DeepSpeed's alignment of the gathered partitions): use {gather + 1 if gather else 2}")
 
 
 def _refuse_offload(zero, where):
