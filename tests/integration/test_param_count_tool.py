@@ -62,7 +62,7 @@ def test_flags_the_trainer_does_not_know_are_named_in_one_line():
     model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
              "--vocab-size", "600"]
     known = ["--lr", "1e-4", "--save", "ckpt", "--deepspeed", "--deepspeed_config", "ds.json", "--log-interval", "1"]
-    unknown = ["--qk-layernorm", "--use-mcore-models", "--distributed-timeout-minutes", "30",
+    unknown = ["--qk-layernorm", "--use-mcore-models", "--ckpt-format", "torch_dist",
                "--no-rope-fusion=1"]
 
     def tool(*flags):
@@ -73,7 +73,7 @@ def test_flags_the_trainer_does_not_know_are_named_in_one_line():
     assert plain.stderr == with_known.stderr == ""
     assert with_unknown.stderr == ("param_count.py: ignored, not flags of pretrain_gpt.py (the numbers are for the "
                                    "model without them): --qk-layernorm, --use-mcore-models, "
-                                   "--distributed-timeout-minutes, --no-rope-fusion\n")
+                                   "--ckpt-format, --no-rope-fusion\n")
 
 
 def test_the_tools_list_of_deepspeeds_flags_is_deepspeeds():

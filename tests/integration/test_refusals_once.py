@@ -10,7 +10,7 @@ from tests.support.launcher import TINY, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = TINY + ["--train-iters", "2"]
-UNKNOWN = ["--use-mcore-models", "--distributed-timeout-minutes", "30", "--no-rope-fusion=1",
+UNKNOWN = ["--use-mcore-models", "--ckpt-format", "torch_dist", "--no-rope-fusion=1",
            "--overlap-grad-reduce"]  # Megatron-LM's
 
 
@@ -24,7 +24,7 @@ def test_unknown_flags_two_ranks_one_line_exit_2(tmp_path):
     proc, _ = launch(2, TRAIN + UNKNOWN, str(tmp_path), check=False)
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert _error_lines(proc.stdout) == [
-        "pretrain_gpt.py: error: unrecognized arguments: --use-mcore-models, --distributed-timeout-minutes, "
+        "pretrain_gpt.py: error: unrecognized arguments: --use-mcore-models, --ckpt-format, "
         "--no-rope-fusion, --overlap-grad-reduce (not flags of this trainer: check the spelling, or drop them; "
         "pretrain_gpt.py --help lists the flags it takes)"], proc.stdout[-3000:]
     assert "usage:" not in proc.stdout and "Traceback" not in proc.stdout

@@ -9,11 +9,20 @@ import numpy as np
 import pytest
 
 from megatron.runtime.refusal import ConfigError
-from tests.integration.test_gpt_dataset import write_dataset
 from tests.support.validated_args import validated
 
 DOCS = 20
 SEQ = 8
+
+
+def write_dataset(prefix, docs):
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for doc in docs:
+        builder.add_item(np.asarray(doc))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix
 
 
 @pytest.fixture
