@@ -147,6 +147,8 @@ class AnnealingLR:
             saved, ours = state.get(key), getattr(self, attr)
             if saved == ours or (key in _WD_KEYS and key not in state):  # saved before the increment existed
                 continue
+            if key == "wd_incr_steps" and self.wd_incr_style == state.get("wd_incr_style") == "constant":
+                continue  # the run's length moves no constant weight decay (a longer --train-iters resumes)
             if self.use_checkpoint_scheduler:
                 setattr(self, attr, saved)
             elif not self.override_scheduler:

@@ -62,6 +62,16 @@ def test_resumed_from_the_saved_state_and_checked():
     other, _ = _scheduler("cosine")
     with pytest.raises(ConfigError, match="weight decay increment style: saved linear vs now cosine"):
         other.load_state_dict(state)
+    longer, _ = _scheduler("linear")
+    longer.wd_incr_samples = 200  # a longer run moves a linear increment: refused as Megatron does
+    with pytest.raises(ConfigError, match="weight decay increment samples: saved 100 vs now 200"):
+        longer.load_state_dict(state)
+    constant, _ = _scheduler("constant", start=0.1, end=0.1)
+    constant_state = constant.state_dict()
+    longer, opt = _scheduler("constant", start=0.1, end=0.1)
+    longer.wd_incr_samples = 200  # ... a constant one not: the longer run resumes
+    longer.load_state_dict(constant_state)
+    assert opt.param_groups[0]["weight_decay"] == 0.1
 
 
 def test_flags_as_megatron_checks_them():
