@@ -121,3 +121,50 @@ def test_pipeline_engine_carries_the_documents_to_the_last_stage():
     assert last["train_loss"] == pytest.approx(float(want_loss), rel=1e-5)
     for rank in ranks:  # each stage's layers got the batch's document index
         assert rank["seen"] and all(seen == rank["expected"] for seen in rank["seen"])
+
+
+def _get_batch():
+    """pretrain_gpt.get_batch with the three flags on, for one made-up sample (EOD 9):
+    text 5 9 7 8 9 6 | 2 -> tokens 5 9 7 8 9 6, labels 9 7 8 9 6 2."""
+    from argparse import Namespace
+
+    import pretrain_gpt
+    from megatron.runtime.global_vars import set_args, set_tokenizer
+    set_args(Namespace(eod_mask_loss=True, reset_position_ids=True, reset_attention_mask=True))
+    set_tokenizer(Namespace(eod=9))
+    (tokens, doc_ids), (labels, loss_mask) = pretrain_gpt.get_batch({"text": torch.tensor([[5, 9, 7, 8, 9, 6, 2]])})
+    return tokens.tolist(), doc_ids.tolist(), labels.tolist(), loss_mask.tolist()
+
+
+def test_get_batch_by_hand():
+    """The documents [5 9] [7 8 9] [6]: no loss where the input is the EOD (positions 1 and 4)."""
+    tokens, doc_ids, labels, loss_mask = run_distributed(1, _get_batch)[0]
+    assert tokens == [[5, 9, 7, 8, 9, 6]] and labels == [[9, 7, 8, 9, 6, 2]]
+    assert doc_ids == [[0, 0, 1, 1, 1, 2]] and loss_mask == [[1, 0, 1, 1, 0, 1]]
+
+
+def test_launches_pipeline_equals_plain_module(tmp_path):
+    """pretrain_gpt.py end to end on documents ending in the EOD (NullTokenizer: id 599): the
+    first iteration's loss with the flags through the PP=2 pipeline engine equals the plain
+    module's (the same initial weights), and differs from the run without the reset flags."""
+    import numpy as np
+
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+    from tests.support.launcher import TINY, launch
+    rng = np.random.RandomState(0)
+    prefix = str(tmp_path / "docs")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for _ in range(40):
+        builder.add_item(np.append(rng.randint(0, 599, size=rng.randint(2, 12)), 599))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    flags = [f for f in TINY if f != "--mock-data"] + [
+        "--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split", "1,0,0", "--eval-iters", "0",
+        "--train-iters", "1", "--global-batch-size", "2", "--eod-mask-loss"]
+    reset = ["--reset-position-ids", "--reset-attention-mask"]
+    _, pipe = launch(2, flags + reset + ["--pipeline-model-parallel-size", "2"], str(tmp_path / "pipe"))
+    _, plain = launch(1, flags + reset + ["--no-pipeline-parallel"], str(tmp_path / "plain"))
+    _, without = launch(1, flags + ["--no-pipeline-parallel"], str(tmp_path / "without"))
+    loss = plain[0]["losses"]["1"]
+    assert pipe[1]["losses"]["1"] == pytest.approx(loss, rel=1e-5)
+    assert abs(without[0]["losses"]["1"] - loss) > 1e-3
