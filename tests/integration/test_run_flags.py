@@ -1,7 +1,8 @@
 """Run flags of both forks, through real launches (2 ranks, DP 2, ZeRO 1):
 - --zero-reduce-bucket-size / --zero-allgather-bucket-size / --zero-reduce-scatter /
   --zero-contigious-gradients reach the ZeRO config DeepSpeed parsed (the engine's own);
-- --distributed-timeout-minutes 7 is the default process group's timeout, 420 s;
+- --distributed-timeout-minutes 7 is the timeout of the default process group and of our TP and DP
+  groups (a new group does not inherit the default group's: Megatron-LM gives it to each), 420 s;
 - --weight-decay-incr-style linear from 0 to 0.12 over the run's 6 x 4 = 24 samples: after
   iteration k the decayed group holds 0.12 x 4k / 24 = 0.02 k (the biases and norms 0), also
   after a save at iteration 3 and a resume from it (the schedule's state in the checkpoint);
@@ -27,7 +28,7 @@ def test_zero_flags_timeout_weight_decay_and_resume(tmp_path):
     for rank in (ranks[0], ranks[1], resumed[0]):
         assert rank["zero_config"] == {"reduce_scatter": True, "contiguous_gradients": True,
                                        "reduce_bucket_size": 123456, "allgather_bucket_size": 234566}
-        assert rank["pg_timeout_s"] == 420.0
+        assert rank["pg_timeout_s"] == {"default": 420.0, "tp": 420.0, "dp": 420.0}
     decays = {int(k): v for k, v in ranks[0]["weight_decays"].items()}
     decays.update({int(k): v for k, v in resumed[0]["weight_decays"].items()})
     assert sorted(decays) == [1, 2, 3, 4, 5, 6] and sorted(resumed[0]["weight_decays"], key=int) == ["4", "5", "6"]

@@ -107,8 +107,11 @@ class Recorder(TrainerHooks):
         zero = engine._config.zero_config
         state["zero_config"] = {key: getattr(zero, key) for key in ("reduce_scatter", "contiguous_gradients",
                                                                     "reduce_bucket_size", "allgather_bucket_size")}
-        group = dist.distributed_c10d._get_default_group()
-        state["pg_timeout_s"] = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+        from megatron import mpu
+        state["pg_timeout_s"] = {name: group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                                 for name, group in (("default", dist.distributed_c10d._get_default_group()),
+                                                     ("tp", mpu.get_tensor_model_parallel_group()),
+                                                     ("dp", mpu.get_data_parallel_group()))}
 
         def record_input(module, inputs):
             tokens = inputs[0] if inputs else None
