@@ -332,6 +332,8 @@ def _validate_split_data_paths(args):
              f"{', '.join(given)} and --data-path / --data-file-list / --mock-data / --*-weighted-split-paths are "
              f"two ways to give the data: use one")
     _require(args.train_data_path, "--valid-data-path / --test-data-path need --train-data-path (the data trained on)")
+    _require(args.split is None, f"--split cuts --data-path into the splits; {', '.join(given)} are read whole "
+                                 f"(Megatron-LM: split and blend_per_split are incompatible): drop --split")
     for flag in given:
         from megatron.data.gpt_dataset import get_datasets_weights_and_num_samples
         prefixes = getattr(args, _dest(flag))

@@ -168,3 +168,13 @@ def test_launches_pipeline_equals_plain_module(tmp_path):
     loss = plain[0]["losses"]["1"]
     assert pipe[1]["losses"]["1"] == pytest.approx(loss, rel=1e-5)
     assert abs(without[0]["losses"]["1"] - loss) > 1e-3
+
+
+def test_refused_under_ulysses():
+    """Each DeepSpeed-Ulysses rank holds a chunk of the sequence, not its documents: one line."""
+    from megatron.runtime.refusal import ConfigError
+    from tests.support.validated_args import validated
+    for flag in ("--reset-position-ids", "--reset-attention-mask"):
+        with pytest.raises(ConfigError, match="do not run with --ds-sequence-parallel-size > 1"):
+            validated([flag, "--ds-sequence-parallel-size", "2", "--no-pipeline-parallel"], world_size=2)
+    validated(["--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"])  # otherwise accepted

@@ -69,6 +69,7 @@ def test_flags_refused_as_megatron_lm_does(prefixes):
     for extra, message in ((["--train-data-path", prefixes["A"], "--data-path", prefixes["B"]],
                             "--train-data-path and --data-path / --data-file-list / --mock-data"),
                            (["--valid-data-path", prefixes["V"]], "need --train-data-path"),
+                           (["--train-data-path", prefixes["A"], "--split", "98,2,0"], "drop --split"),
                            (["--train-data-path", "x", prefixes["A"]],
                             "--train-data-path takes one prefix or weight/prefix pairs")):
         with pytest.raises(ConfigError, match=message):
