@@ -28,26 +28,39 @@ def model_provider(args: Namespace) -> GPTModel | GPTModelPipe:
     return GPTModel(config, seed=args.seed)
 
 
-def get_batch(data: dict[str, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+Inputs = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # tokens, or (tokens, doc_ids)
+
+
+def get_batch(data: dict[str, torch.Tensor]) -> tuple[Inputs, tuple[torch.Tensor, torch.Tensor]]:
     """{"text": [b, s+1]} -> (tokens [b, s], (labels [b, s], loss_mask [b, s])); s/SP under
-    DeepSpeed-Ulysses (--ds-sequence-parallel-size)."""
+    DeepSpeed-Ulysses (--ds-sequence-parallel-size). With --reset-position-ids /
+    --reset-attention-mask the inputs are (tokens, doc_ids [b, s]): each position's document
+    (megatron/model/documents.py), a tuple as the forks' pipeline inputs are. --eod-mask-loss: no
+    loss where the input is an end-of-document token (the forks' rule: the prediction made from it)."""
     from megatron import get_args, get_tokenizer
+    from megatron.model.documents import document_ids
+    args = get_args()
     text = data["text"].long()
     tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
     loss_mask = torch.ones(labels.shape, dtype=torch.float32)
-    if get_args().eod_mask_loss:
+    if args.eod_mask_loss:
         loss_mask[tokens == get_tokenizer().eod] = 0.0
     # DeepSpeed-Ulysses: the SP ranks of a replica read the same samples, each keeps its chunk
     tokens, labels, loss_mask = (mpu.sequence_chunk(t, 1) for t in (tokens, labels, loss_mask))
     if torch.cuda.is_available():
         tokens, labels, loss_mask = (t.cuda(non_blocking=True) for t in (tokens, labels, loss_mask))
+    if args.reset_position_ids or args.reset_attention_mask:
+        return (tokens, document_ids(tokens, get_tokenizer().eod)), (labels, loss_mask)
     return tokens, (labels, loss_mask)
 
 
-def forward_step(batch: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]], model: Any) -> torch.Tensor:
+def forward_step(batch: tuple[Inputs, tuple[torch.Tensor, torch.Tensor]], model: Any) -> torch.Tensor:
     # model: the DeepSpeed engine around GPTModel
-    tokens, (labels, loss_mask) = batch
-    return model(tokens, labels, loss_mask)
+    inputs, (labels, loss_mask) = batch
+    if isinstance(inputs, tuple):
+        tokens, doc_ids = inputs
+        return model(tokens, labels, loss_mask, doc_ids=doc_ids)
+    return model(inputs, labels, loss_mask)
 
 
 def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_samples: list[int]) -> tuple[Any, ...]:
@@ -64,6 +77,11 @@ def train_valid_test_datasets_provider(args: Namespace, train_valid_test_num_sam
         return build_datasets(args.weighted_split_groups, train_valid_test_num_samples, args.seq_length, args.seed,
                               args.data_impl, args.data_cache_path)
     try:
+        if args.train_data_path:  # a path per split, each read whole (Megatron-LM; no --split)
+            from megatron.data.gpt_dataset import build_per_split_datasets
+            return build_per_split_datasets((args.train_data_path, args.valid_data_path, args.test_data_path),
+                                            args.data_impl, train_valid_test_num_samples, args.seq_length, args.seed,
+                                            skip_warmup=True, cache_path=args.data_cache_path)
         return build_train_valid_test_datasets(data_prefix=args.data_path, data_impl=args.data_impl,
                                                splits_string=args.split,
                                                train_valid_test_num_samples=train_valid_test_num_samples,

@@ -48,6 +48,7 @@ class CheckpointConfig:
     seq_length: int
     memory: TrainingSetup  # what the memory table predicts for: the bytes a checkpoint of this run takes
     resume: ResumePlan = ResumePlan()  # what --load found before the model was built
+    exit_on_missing_checkpoint: bool = False  # --load holding no checkpoint stops the run (exit 2)
 
     @property
     def load_optimizer(self) -> bool:
@@ -76,4 +77,5 @@ class CheckpointConfig:
                    optimizer_wrapper=memory.optimizer_wrapper(),
                    model_info=MappingProxyType(info), model_shape=shape or args.model_shape, parallel=parallel,
                    precision=Precision.from_args(args), zero_stage=args.zero_stage, seq_length=args.seq_length,
-                   memory=memory, resume=resume or ResumePlan())
+                   memory=memory, resume=resume or ResumePlan(),
+                   exit_on_missing_checkpoint=getattr(args, "exit_on_missing_checkpoint", False))

@@ -35,6 +35,7 @@ from megatron.checkpoint.save_dir import checkpoint_bytes, open_save_dir
 from megatron.checkpoint.universal import attach_universal_checkpoint_info
 from megatron.checkpoint.writer import untrack, write_iteration
 from megatron.runtime.refusal import ConfigError
+from megatron.runtime.refusal import require as _require
 from megatron.schedules.progress import TrainingProgress, saved_progress
 
 
@@ -104,6 +105,10 @@ class CheckpointManager:
                                   self.zero_stage)
         iteration = read_tracker(config.load, f"--load {config.load}")
         if iteration is None:
+            # the forks' --exit-on-missing-checkpoint (a typo in --load must not train from scratch)
+            _require(not config.exit_on_missing_checkpoint,
+                     f"--load {config.load}: no checkpoint there (no latest_checkpointed_iteration.txt) and "
+                     f"--exit-on-missing-checkpoint is set: fix the path, or drop the flag to start from scratch")
             return ResumePlan()
         return self.check_layout(config.load, iteration)
 

@@ -129,6 +129,14 @@ def _add_regularization_args(parser):
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--weight-decay", type=float, default=0.01)
+    # Megatron's weight-decay increment over the run (OptimizerParamScheduler.get_wd); constant:
+    # --weight-decay throughout, the other styles need both ends
+    g.add_argument("--start-weight-decay", type=float, default=None,
+                   help="weight decay at the start of the run (linear / cosine --weight-decay-incr-style)")
+    g.add_argument("--end-weight-decay", type=float, default=None,
+                   help="weight decay at the end of the run (linear / cosine --weight-decay-incr-style)")
+    g.add_argument("--weight-decay-incr-style", choices=["constant", "linear", "cosine"], default="constant",
+                   help="how weight decay moves from --start-weight-decay to --end-weight-decay over the run")
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
@@ -221,6 +229,8 @@ def _add_checkpointing_args(parser):
     # BigScience's spelling; Microsoft's and Argonne's --kill-switch-file is the same feature (save, exit)
     g.add_argument("--kill-switch-path", "--kill-switch-file", type=str, default=None, dest="kill_switch_path",
                    help="when this file exists, every rank saves a checkpoint and exits (BigScience's fork)")
+    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
+                   help="with --load: stop (exit 2) when it holds no checkpoint instead of starting from scratch")
     g.add_argument("--universal-checkpoint", action="store_true",
                    help="--load the output of DeepSpeed's ds_to_universal.py named by DIR/latest_universal")
 
@@ -250,6 +260,8 @@ def _add_distributed_args(parser):
                    help="default: nccl on CUDA, gloo on CPU")
     g.add_argument("--no-shm-tp-all-reduce", dest="shm_tp_all_reduce", action="store_false",
                    help="CPU: TP all-reduces through gloo even where the shared-memory path applies (TP=2, one host)")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
+                   help="timeout of torch.distributed's collectives (the process groups'), in minutes")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None, help="set by the launcher")
     g.add_argument("--DDP-impl", default="local", choices=["local", "torch"],
                    help="accepted; the DeepSpeed engine does data-parallel reduction")
@@ -264,6 +276,10 @@ def _add_validation_args(parser):
 def _add_data_args(parser):
     g = parser.add_argument_group("data and tokenizer")
     g.add_argument("--data-path", nargs="*", default=None, help="prefix, or weight prefix pairs")
+    # Megatron-LM / Microsoft's fork: each split from its own data, whole (no --split)
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-data-path", nargs="*", default=None,
+                       help=f"the {split} split's data: a prefix, or weight prefix pairs (instead of --data-path)")
     g.add_argument("--data-file-list", type=str, default=None,
                    help="Argonne: a file of 'WEIGHT PREFIX CORPUS' lines, blended as --data-path's pairs")
     g.add_argument("--split", type=str, default=None, help='default "969, 30, 1" (with --data-path only)')
@@ -289,7 +305,12 @@ def _add_data_args(parser):
     g.add_argument("--data-cache-path", type=str, default=None,
                    help="directory for the datasets' index caches (Megatron-LM; default: next to the data)")
     g.add_argument("--num-workers", type=int, default=0)
-    g.add_argument("--eod-mask-loss", action="store_true")
+    g.add_argument("--eod-mask-loss", action="store_true",
+                   help="no loss on the prediction made at an end-of-document token")
+    g.add_argument("--reset-position-ids", action="store_true",
+                   help="positions restart at 0 after each end-of-document token")
+    g.add_argument("--reset-attention-mask", action="store_true",
+                   help="no attention across an end-of-document token (each document sees only itself)")
 
 
 def _add_logging_args(parser):
@@ -301,6 +322,12 @@ def _add_logging_args(parser):
     g.add_argument("--log-timers-to-tensorboard", action="store_true")
     g.add_argument("--log-batch-size-to-tensorboard", action="store_true")
     g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
+    # the forks' switches (tags as in Microsoft's training_log): the loss scale is on by default
+    g.add_argument("--no-log-loss-scale-to-tensorboard", action="store_false", dest="log_loss_scale_to_tensorboard",
+                   help="no loss-scale/loss-scale scalars (fp16)")
+    g.add_argument("--log-memory-to-tensorboard", action="store_true",
+                   help="torch.cuda.memory_stats(): mem-reserved-bytes, mem-allocated-bytes, mem-allocated-count")
+    g.add_argument("--log-world-size-to-tensorboard", action="store_true", help="world-size/world-size scalars")
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="dense peak TFLOP/s of one device for MFU (default: looked up from the CUDA device name)")
 
@@ -379,3 +406,12 @@ def _add_fork_feature_args(parser):
 def _add_zero_args(parser):
     g = parser.add_argument_group("ZeRO")
     g.add_argument("--zero-stage", type=int, default=None, help="overrides the ds_config's stage")
+    # the forks' other --zero-* flags (declared there, read by no code: their launch scripts write
+    # the same values into the ds_config); here they fill zero_optimization, which must agree
+    g.add_argument("--zero-reduce-scatter", action="store_true", help="zero_optimization.reduce_scatter true")
+    g.add_argument("--zero-contigious-gradients", action="store_true",
+                   help="zero_optimization.contiguous_gradients true")
+    g.add_argument("--zero-reduce-bucket-size", type=int, default=0,
+                   help="zero_optimization.reduce_bucket_size (elements; 0: the ds_config's or DeepSpeed's)")
+    g.add_argument("--zero-allgather-bucket-size", type=int, default=0,
+                   help="zero_optimization.allgather_bucket_size (elements; 0: the ds_config's or DeepSpeed's)")

@@ -63,6 +63,7 @@ def _apply_deepspeed_config(args):
     zero = config.setdefault("zero_optimization", {})
     if args.zero_stage is not None:
         zero["stage"] = args.zero_stage
+    _take_zero_flags(zero, where, args)
     args.zero_stage = zero.setdefault("stage", 0)
     _refuse_offload(zero, where)
     _require(args.zero_stage in (0, 1, 2, 3), f"{where}: zero_optimization.stage {args.zero_stage} does not exist: "
@@ -95,6 +96,31 @@ def _apply_deepspeed_config(args):
     config.setdefault("wall_clock_breakdown", False)
     args.clip_grad = _check_with_deepspeed(config, where, args)
     args.deepspeed_config_dict = config
+
+
+# the forks' --zero-* flags and the zero_optimization keys they stand for; a flag at its default
+# (off, 0) says nothing and leaves the key to the ds_config (or DeepSpeed's default)
+ZERO_FLAGS = (("--zero-reduce-scatter", "zero_reduce_scatter", "reduce_scatter"),
+              ("--zero-contigious-gradients", "zero_contigious_gradients", "contiguous_gradients"),
+              ("--zero-reduce-bucket-size", "zero_reduce_bucket_size", "reduce_bucket_size"),
+              ("--zero-allgather-bucket-size", "zero_allgather_bucket_size", "allgather_bucket_size"))
+
+
+def _take_zero_flags(zero, where, args):
+    """A given --zero-* flag fills its zero_optimization key; a ds_config holding another value is
+    one line (as for the batch sizes), never a silently different run."""
+    for flag, dest, key in ZERO_FLAGS:
+        value = getattr(args, dest)
+        if not value:
+            continue
+        _require(key not in zero or zero[key] == value,
+                 f"{where}: zero_optimization.{key}={zero.get(key)} disagrees with {flag} ({value}); make them match")
+        zero[key] = value
+    # DeepSpeed's ZeRO 1 / 2 asserts this at engine build (its nccl_start_alignment_factor)
+    gather = zero.get("allgather_bucket_size")
+    _require(not (isinstance(gather, int) and gather % 2),
+             f"{where}: zero_optimization.allgather_bucket_size {gather} (--zero-allgather-bucket-size) must be a "
+             f"multiple of 2 (DeepSpeed's alignment of the gathered partitions): use {gather + 1 if gather else 2}")
 
 
 def _refuse_offload(zero, where):

@@ -23,25 +23,6 @@ class Row(NamedTuple):
 # Flags other engineers of issue 39 are implementing: refused as "not implemented yet" until their
 # work is merged; flipping one = moving it into ROWS as IMPLEMENTED. flag -> (forks, shape)
 NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
-    # engineer f
-    "--distributed-timeout-minutes": ("mal", "1"),
-    "--end-weight-decay": ("mal", "1"),
-    "--exit-on-missing-checkpoint": ("mal", ""),
-    "--log-loss-scale-to-tensorboard": ("L", ""),
-    "--log-memory-to-tensorboard": ("mal", ""),
-    "--log-world-size-to-tensorboard": ("mal", ""),
-    "--no-log-loss-scale-to-tensorboard": ("bmal", ""),
-    "--reset-attention-mask": ("bmal", ""),
-    "--reset-position-ids": ("bmal", ""),
-    "--start-weight-decay": ("mal", "1"),
-    "--test-data-path": ("mal", "*"),
-    "--train-data-path": ("mal", "*"),
-    "--valid-data-path": ("mal", "*"),
-    "--weight-decay-incr-style": ("mal", "1"),
-    "--zero-allgather-bucket-size": ("bma", "1"),
-    "--zero-contigious-gradients": ("bma", ""),
-    "--zero-reduce-bucket-size": ("bma", "1"),
-    "--zero-reduce-scatter": ("bma", ""),
     # engineer g
     "--apply-layernorm-1p": ("mal", ""),
     "--apply-residual-connection-post-layernorm": ("bmal", ""),
@@ -65,6 +46,23 @@ NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
 
 ROWS: tuple[Row, ...] = (
     # --- implemented -----------------------------------------------------------------------------------------
+    Row("--distributed-timeout-minutes", "mal", IMPLEMENTED),
+    Row("--end-weight-decay", "mal", IMPLEMENTED),
+    Row("--exit-on-missing-checkpoint", "mal", IMPLEMENTED),
+    Row("--log-memory-to-tensorboard", "mal", IMPLEMENTED),
+    Row("--log-world-size-to-tensorboard", "mal", IMPLEMENTED),
+    Row("--no-log-loss-scale-to-tensorboard", "bmal", IMPLEMENTED),
+    Row("--reset-attention-mask", "bmal", IMPLEMENTED),
+    Row("--reset-position-ids", "bmal", IMPLEMENTED),
+    Row("--start-weight-decay", "mal", IMPLEMENTED),
+    Row("--test-data-path", "mal", IMPLEMENTED),
+    Row("--train-data-path", "mal", IMPLEMENTED),
+    Row("--valid-data-path", "mal", IMPLEMENTED),
+    Row("--weight-decay-incr-style", "mal", IMPLEMENTED),
+    Row("--zero-allgather-bucket-size", "bma", IMPLEMENTED),
+    Row("--zero-contigious-gradients", "bma", IMPLEMENTED),
+    Row("--zero-reduce-bucket-size", "bma", IMPLEMENTED),
+    Row("--zero-reduce-scatter", "bma", IMPLEMENTED),
     Row("--accumulate-allreduce-grads-in-fp32", "bmal", IMPLEMENTED),
     Row("--activations-checkpoint-method", "", IMPLEMENTED),
     Row("--activations-checkpoint-num-layers", "", IMPLEMENTED),

@@ -20,7 +20,7 @@ from megatron.model.shape import ModelShape
 from megatron.runtime.parallel_layout import ParallelLayout
 from megatron.runtime.precision import Precision
 from megatron.schedules.curriculum import CurriculumSchedule
-from megatron.schedules.learning_rates import schedule_lengths
+from megatron.schedules.learning_rates import schedule_lengths, weight_decay_samples
 from megatron.schedules.microbatches import train_samples
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -80,12 +80,20 @@ class LRSchedule:
     tokens_per_sample: int
     use_checkpoint_scheduler: bool  # --use-checkpoint-opt_param-scheduler
     override_scheduler: bool        # --override-opt_param-scheduler
+    # Megatron's weight-decay increment over the run's samples (--start/--end-weight-decay,
+    # --weight-decay-incr-style; constant: --weight-decay at both ends)
+    start_wd: float | None = None
+    end_wd: float | None = None
+    wd_incr_samples: int | None = None
+    wd_incr_style: str = "constant"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "LRSchedule":
         (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
         return cls(args.lr, args.min_lr, args.lr_decay_style, warmup, decay, warmup_tokens, decay_tokens,
-                   args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler)
+                   args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler,
+                   args.start_weight_decay, args.end_weight_decay, weight_decay_samples(args),
+                   args.weight_decay_incr_style)
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,11 @@ POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--tra
             "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
             "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
             "--word-embedding-init-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale",
-            "--loss-scale-window", "--hysteresis")
+            "--loss-scale-window", "--hysteresis", "--distributed-timeout-minutes")
 NON_NEGATIVE = ("--lr", "--min-lr", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-tokens", "--eval-iters",
-                "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage")
+                "--num-workers", "--valid-num-workers", "--weight-decay", "--clip-grad", "--seed", "--zero-stage",
+                "--start-weight-decay", "--end-weight-decay", "--zero-reduce-bucket-size",
+                "--zero-allgather-bucket-size")
 FRACTIONS = ("--hidden-dropout", "--attention-dropout", "--lr-warmup-fraction", "--sgd-momentum")
 BELOW_ONE = ("--adam-beta1", "--adam-beta2")  # torch's Adam refuses 1.0
 
@@ -165,6 +167,12 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
         from megatron.schedules.skip_iterations import parse_ranges
         args.skip_train_iteration_range = parse_ranges(args.skip_train_iteration_range)
     _validate_precision(args, cuda_available)
+    _validate_weight_decay(args)
+    _require(not ((args.reset_position_ids or args.reset_attention_mask) and args.ds_sequence_parallel_size > 1),
+             "--reset-position-ids / --reset-attention-mask do not run with --ds-sequence-parallel-size > 1 "
+             "(each Ulysses rank holds a chunk of the documents): drop them or the Ulysses size")
+    _require(not (args.log_memory_to_tensorboard and not cuda_available),
+             "--log-memory-to-tensorboard logs torch.cuda.memory_stats() and no CUDA device is visible: drop the flag")
     _validate_data(args)
     _resolve_activation_checkpointing(args)
     # deepspeed.checkpointing (and its --partition-activations) acts on checkpointed activations only
@@ -294,6 +302,49 @@ def _validate_precision(args, cuda_available):
     args.params_dtype = torch.half if args.fp16 else (torch.bfloat16 if args.bf16 else torch.float32)
 
 
+def _validate_weight_decay(args):
+    """Megatron's rules: the constant style is --weight-decay throughout (the start / end flags are
+    for the other styles), linear and cosine need both ends, and decay only grows."""
+    style = args.weight_decay_incr_style
+    if style == "constant":
+        _require(args.start_weight_decay is None and args.end_weight_decay is None,
+                 "--start-weight-decay / --end-weight-decay need --weight-decay-incr-style linear or cosine "
+                 "(constant uses --weight-decay)")
+        args.start_weight_decay = args.end_weight_decay = args.weight_decay
+        return
+    _require(args.start_weight_decay is not None and args.end_weight_decay is not None,
+             f"--weight-decay-incr-style {style} needs --start-weight-decay and --end-weight-decay")
+    _require(args.end_weight_decay >= args.start_weight_decay,
+             f"--end-weight-decay {args.end_weight_decay} is below --start-weight-decay {args.start_weight_decay}: "
+             f"weight decay only increases in Megatron's schedule")
+
+
+SPLIT_PATH_FLAGS = ("--train-data-path", "--valid-data-path", "--test-data-path")
+
+
+def _validate_split_data_paths(args):
+    """Megatron-LM's rule: one source of data, --data-path (split by --split) or a path per split
+    (each read whole); Microsoft's fork would silently ignore the per-split paths."""
+    given = [flag for flag in SPLIT_PATH_FLAGS if getattr(args, _dest(flag))]
+    if not given:
+        return False
+    _require(not (args.data_path or args.mock_data or args.weighted_split_groups),
+             f"{', '.join(given)} and --data-path / --data-file-list / --mock-data / --*-weighted-split-paths are "
+             f"two ways to give the data: use one")
+    _require(args.train_data_path, "--valid-data-path / --test-data-path need --train-data-path (the data trained on)")
+    _require(args.split is None, f"--split cuts --data-path into the splits; {', '.join(given)} are read whole "
+                                 f"(Megatron-LM: split and blend_per_split are incompatible): drop --split")
+    for flag in given:
+        from megatron.data.gpt_dataset import get_datasets_weights_and_num_samples
+        prefixes = getattr(args, _dest(flag))
+        if len(prefixes) > 1:
+            try:
+                get_datasets_weights_and_num_samples(prefixes, [1, 1, 1])
+            except ValueError as e:
+                raise ConfigError(str(e).replace("--data-path", flag)) from None
+    return True
+
+
 def _validate_data(args):
     for flag, path in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file)):
         _require(path is None or os.path.isfile(path), f"{flag} {path}: no such file")
@@ -319,6 +370,11 @@ def _validate_data(args):
         _require(not args.data_path and args.split is None and not args.mock_data,
                  "--data-path / --split / --mock-data and --(train|valid|test)-weighted-split-paths are two ways "
                  "to give the data: use one")
+        if args.tokenizer_type in (None, "GPT2BPETokenizer"):
+            _require(args.vocab_file and args.merge_file,
+                     "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")
+        return
+    if _validate_split_data_paths(args):
         if args.tokenizer_type in (None, "GPT2BPETokenizer"):
             _require(args.vocab_file and args.merge_file,
                      "--vocab-file and --merge-file are required for the GPT-2 BPE tokenizer")

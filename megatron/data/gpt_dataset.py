@@ -54,6 +54,29 @@ def build_train_valid_test_datasets(
     )
 
 
+# Megatron-LM's --train-data-path / --valid-data-path / --test-data-path: each split reads all of
+# its own data, so each is the whole dataset at that split's position of a split string
+WHOLE_SPLIT = ("1,0,0", "0,1,0", "0,0,1")
+
+
+def build_per_split_datasets(
+    split_prefixes: Sequence[Sequence[str] | None], data_impl: str, train_valid_test_num_samples: Sequence[int],
+    seq_length: int, seed: int, skip_warmup: bool, cache_path: str | None = None,
+) -> tuple[torch.utils.data.Dataset | None, ...]:
+    """(train, valid, test) from a prefix (or weighted blend) per split; None for a split with no
+    data or no samples asked for."""
+    datasets = []
+    for index, prefixes in enumerate(split_prefixes):
+        num_samples = [n if i == index else 0 for i, n in enumerate(train_valid_test_num_samples)]
+        if not prefixes or num_samples[index] == 0:
+            datasets.append(None)
+            continue
+        built = build_train_valid_test_datasets(prefixes, data_impl, WHOLE_SPLIT[index], num_samples, seq_length,
+                                                seed, skip_warmup, cache_path)
+        datasets.append(built[index])
+    return tuple(datasets)
+
+
 def get_datasets_weights_and_num_samples(
     data_prefix: Sequence[str], train_valid_test_num_samples: Sequence[int],
 ) -> tuple[list[str], list[float], list[list[int]]]:

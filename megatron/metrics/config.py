@@ -29,6 +29,11 @@ class LoggingConfig:
     model_shape: ModelShape  # MoE's extra scalars; what the memory prediction is for
     memory: TrainingSetup    # what the memory prediction is made for, without the engine's fused Adam
     mfu: MfuSettings         # the device's peak and the startup line naming it
+    # the forks' TensorBoard switches: the fp16 loss scale (on unless --no-log-loss-scale-to-tensorboard),
+    # torch.cuda.memory_stats() and the world size
+    log_loss_scale_to_tensorboard: bool = True
+    log_memory_to_tensorboard: bool = False
+    log_world_size_to_tensorboard: bool = False
 
     @classmethod
     def from_args(cls, args: Namespace) -> "LoggingConfig":
@@ -44,4 +49,7 @@ class LoggingConfig:
                    log_optimizer_states_to_tensorboard=args.log_optimizer_states_to_tensorboard,
                    world_size=args.world_size, data_parallel_size=args.data_parallel_size,
                    seq_length=args.seq_length, model_shape=args.model_shape,
-                   memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops))
+                   memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops),
+                   log_loss_scale_to_tensorboard=args.log_loss_scale_to_tensorboard,
+                   log_memory_to_tensorboard=args.log_memory_to_tensorboard,
+                   log_world_size_to_tensorboard=args.log_world_size_to_tensorboard)

@@ -81,6 +81,8 @@ class MetricsProcessor:
 
     def log_training(self, stats: IntervalStats, elapsed: float, progress: TrainingProgress, **values: Any) -> None:
         """The iteration's log line and scalars (megatron/metrics/training_log.py: training_log)."""
+        if self.config.log_memory_to_tensorboard:  # validation made sure a CUDA device is there
+            values["memory_stats"] = torch.cuda.memory_stats()
         training_log(self.writer, self.config, self.cache, stats, elapsed, progress, **values)
 
     def log_optimizer_states(self, engine: Any, progress: TrainingProgress) -> None:

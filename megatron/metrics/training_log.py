@@ -6,6 +6,7 @@ values the training loop hands over: no collective, no walk over the model's par
 engine. `writer`: the SummaryWriter the MetricsProcessor owns, or a NoWriter."""
 import math
 from argparse import Namespace
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,11 +115,12 @@ def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: In
                  progress: TrainingProgress, *, lr: float, grad_norm: float | torch.Tensor | None,
                  loss_scale: float | None, global_batch_size: int, total_iterations: int,
                  params_norm: float | None = None, num_zeros: int | None = None,
-                 curriculum_seqlen: int | None = None) -> None:
+                 curriculum_seqlen: int | None = None, memory_stats: Mapping[str, int] | None = None) -> None:
     """The line over `stats`' iterations, `elapsed` seconds of training steps; total_iterations:
     the run's length (the Trainer's); params_norm / num_zeros: --log-params-norm /
     --log-num-zeros-in-grad (the fork's tags and fields); curriculum_seqlen: the length the last
-    iteration trained at, with a curriculum (Microsoft's fork's field and tags)."""
+    iteration trained at, with a curriculum (Microsoft's fork's field and tags); memory_stats:
+    torch.cuda.memory_stats() with --log-memory-to-tensorboard."""
     loss = stats.mean_loss()
     grad_norm = None if grad_norm is None else float(grad_norm)
     tokens, flops, model_flops = interval_work(stats, cache, config.seq_length)
@@ -135,8 +137,16 @@ def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: In
     moe_loss = stats.mean_moe_loss()
     if moe_loss is not None:
         write_group(writer, "lm-loss-training/moe loss", moe_loss, progress)
-    if loss_scale is not None:
-        writer.add_scalar("loss-scale/loss-scale", loss_scale, it)
+    if loss_scale is not None and config.log_loss_scale_to_tensorboard:
+        write_group(writer, "loss-scale/loss-scale", loss_scale, progress, axes=("iteration", "samples", "tokens"))
+    if config.log_world_size_to_tensorboard:
+        write_group(writer, "world-size/world-size", config.world_size, progress,
+                    axes=("iteration", "samples", "tokens"))
+    if memory_stats is not None:  # the fork's three tags, at the top level
+        for tag, key in (("mem-reserved-bytes", "reserved_bytes.all.current"),
+                         ("mem-allocated-bytes", "allocated_bytes.all.current"),
+                         ("mem-allocated-count", "allocation.all.current")):
+            writer.add_scalar(tag, memory_stats[key], it)
     if grad_norm is not None:
         writer.add_scalar("grad-norm/grad-norm", grad_norm, it)
     if num_zeros is not None:

@@ -31,6 +31,10 @@ class GPTConfig:
     # --sequence-parallel (TP > 1 only; validation turns it off at TP 1): norms, dropouts and
     # residuals on sequence shards [s/tp, b, h]; the same math
     sequence_parallel: bool = False
+    # --reset-position-ids / --reset-attention-mask: positions restart, and attention stops, at each
+    # end-of-document token of a sample (megatron/model/documents.py)
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
 
     @classmethod
     def from_args(cls, args: Namespace) -> "GPTConfig":
@@ -42,7 +46,9 @@ class GPTConfig:
                    checkpoint_num_layers=args.checkpoint_num_layers,
                    checkpoint_method=args.activations_checkpoint_method or "uniform",
                    attention_impl=args.attention_impl, rope_theta=args.rope_theta, moe=MoEOptions.from_args(args),
-                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)))
+                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
+                   reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
+                   reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)))
 
     def init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
         std = self.init_method_std

@@ -42,9 +42,9 @@ class TransformerLanguageModel(nn.Module):
             set_random_seed(seed + config.shape.num_layers + 2 + int(config.shape.is_moe))
             self.output_layer = OutputLayer(config)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [s, b, h]."""
-        return self.encoder(self.embedding(input_ids))
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [s, b, h]; doc_ids: megatron/model/documents.py."""
+        return self.encoder(self.embedding(input_ids, doc_ids), doc_ids)
 
 
 class GPTModel(nn.Module):
@@ -65,11 +65,12 @@ class GPTModel(nn.Module):
         return self.word_embeddings_weight()
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None,
-                loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+                loss_mask: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [s, b, V/tp] without labels, else the lm loss (an MoE model's backward adds the
-        moe loss: megatron/model/moe/aux_loss.py)."""
+        moe loss: megatron/model/moe/aux_loss.py). doc_ids [b, s]: the samples' documents, with
+        --reset-position-ids / --reset-attention-mask (megatron/model/documents.py)."""
         with collect_aux_losses() as aux_losses:
-            hidden_states = self.language_model(tokens)
+            hidden_states = self.language_model(tokens, doc_ids)
         logits = parallel_lm_logits(hidden_states, self.output_weight(), self.sequence_parallel)
         if labels is None:
             return logits
@@ -137,7 +138,9 @@ def _seed_layer(seed):
 
 class GPTModelPipe(PipelineModule):
     """Pipeline inputs: tokens [b, s]; labels: (labels [b, s], loss_mask [b, s]). Attention is
-    causal and positions are implicit, so only hidden states [s, b, h] cross stage boundaries.
+    causal and positions are implicit, so only hidden states [s, b, h] cross stage boundaries;
+    with --reset-position-ids / --reset-attention-mask the inputs are (tokens, doc_ids [b, s]) and
+    (hidden states, doc_ids) cross them (megatron/model/documents.py).
     Untied, the output layer is a plain layer of the last stage: no TiedLayerSpec, no tied-gradient
     all-reduce between the first and last stage."""
 
@@ -180,16 +183,43 @@ class GPTModelPipe(PipelineModule):
             return super()._partition_layers(method=method)
         set_stage_bounds(self, self._parts)
 
-    def forward(self, forward_input: torch.Tensor) -> torch.Tensor:
-        """This stage's layers; only hidden states cross a stage boundary. In an MoE model every
-        stage records its own layers' moe loss for a training micro-batch (0 without MoE layers)."""
-        if not self.is_moe:
+    def forward(self, forward_input: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> Any:
+        """This stage's layers; only hidden states (and doc_ids, see the class) cross a stage
+        boundary. In an MoE model every stage records its own layers' moe loss for a training
+        micro-batch (0 without MoE layers)."""
+        def run() -> Any:
+            if isinstance(forward_input, tuple):
+                return self._run_documents(*forward_input)
             return self._run_stage(forward_input)
+        if not self.is_moe:
+            return run()
         with collect_aux_losses() as aux_losses:
-            output = self._run_stage(forward_input)
+            output = run()
         if self.training and torch.is_grad_enabled():
-            record_moe_loss(aux_losses, like=output)
+            record_moe_loss(aux_losses, like=output[0] if isinstance(output, tuple) else output)
         return output
+
+    def _run_documents(self, state: torch.Tensor, doc_ids: torch.Tensor) -> Any:
+        """The stage with doc_ids at the embedding and every transformer layer; the same chunks of
+        checkpointed layers as _run_stage. Returns
+        (hidden states, doc_ids) for the next stage, or the last stage's logits."""
+        funcs = self.forward_funcs
+        layers = [i for i, f in enumerate(funcs) if isinstance(f, ParallelTransformerLayerPipe)]
+        chunks: dict[int, tuple[int, bool]] = {}
+        if self.checkpoint_num_layers and torch.is_grad_enabled():
+            chunks = {layers[start]: (layers[end - 1] + 1, recomputed) for start, end, recomputed in
+                      checkpoint_chunks(len(layers), self.checkpoint_method, self.checkpoint_num_layers)}
+        i = 0
+        while i < len(funcs):
+            if i in chunks:
+                end, recomputed = chunks[i]
+                state = (checkpointed if recomputed else run_layers)(funcs[i:end], state, doc_ids)
+                i = end
+                continue
+            f = funcs[i]
+            state = f(state, doc_ids) if isinstance(f, (EmbeddingPipe, ParallelTransformerLayerPipe)) else f(state)
+            i += 1
+        return state if self.stage_id == self.num_stages - 1 else (state, doc_ids)
 
     def _run_stage(self, state: torch.Tensor) -> torch.Tensor:
         """With activation checkpointing the stage's transformer layers run in the chunks of

@@ -10,6 +10,7 @@ from megatron import mpu
 from megatron.mpu.layers import _sliced_parameter
 
 from .config import GPTConfig
+from .documents import document_positions
 from .layer_norm import LayerNorm
 
 
@@ -33,20 +34,23 @@ class Embedding(nn.Module):
             self.embedding_layernorm = LayerNorm(shape.hidden_size, eps=config.layernorm_epsilon)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.sequence_parallel = config.sequence_parallel  # also read by the tied output layer
+        self.reset_position_ids = config.reset_position_ids
 
     @property
     def word_embeddings_weight(self) -> torch.Tensor:
         return self.word_embeddings.weight
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # input_ids: [b, s] -> [s, b, h]
+    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # input_ids: [b, s] -> [s, b, h]; doc_ids [b, s]: megatron/model/documents.py
         embeddings = self.word_embeddings(input_ids)  # [b, s, h]
         if self.embedding_layernorm is not None:
             embeddings = self.embedding_layernorm(embeddings)
         if self.position_embeddings is not None:
-            # DeepSpeed-Ulysses: input_ids are this SP rank's chunk; positions stay the sequence's
-            first = mpu.get_sequence_parallel_rank() * input_ids.size(1)
-            positions = torch.arange(first, first + input_ids.size(1), device=input_ids.device)
+            if self.reset_position_ids and doc_ids is not None:  # [b, s]: each document from 0
+                positions = document_positions(doc_ids)
+            else:  # DeepSpeed-Ulysses: input_ids are this SP rank's chunk; positions stay the sequence's
+                first = mpu.get_sequence_parallel_rank() * input_ids.size(1)
+                positions = torch.arange(first, first + input_ids.size(1), device=input_ids.device)
             embeddings = embeddings + self.position_embeddings(positions)
         embeddings = embeddings.transpose(0, 1).contiguous()
         if self.sequence_parallel:  # Megatron's: this rank's sequence shard [s/tp, b, h]

@@ -16,6 +16,7 @@ from megatron import mpu
 from megatron.mpu.layers import divide
 
 from .config import GPTConfig
+from .documents import document_mask
 from .layer_norm import norm_class
 from .mlp import ParallelMLP
 from .moe.layer import MoEMLP
@@ -59,6 +60,9 @@ class ParallelAttention(nn.Module):
         self.position_embedding_type = shape.position_embedding_type
         self.rope_theta = config.rope_theta
         self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
+        # --reset-position-ids acts on the learned table only (language_model.py), as in both forks and
+        # Megatron-LM: rotary and ALiBi see relative distances, the same within a document
+        self.reset_attention_mask = config.reset_attention_mask
         self.query_key_value = mpu.ColumnParallelLinear(h, (a + 2 * g) * d, config.init_method(),
                                                         bias=shape.qkv_bias, params_dtype=config.params_dtype,
                                                         sequence_parallel=config.sequence_parallel)
@@ -86,7 +90,7 @@ class ParallelAttention(nn.Module):
     def _alibi_bias(self, s, q):
         return self._cached("alibi", s, q, lambda: alibi_causal_bias(self.alibi_slopes, s, q.device, q.dtype))
 
-    def _math_attention(self, q, k, v, dropout_p):
+    def _math_attention(self, q, k, v, dropout_p, doc_mask=None):
         # q [b, np, s, hn]; k, v [b, ng, s, hn]; matmuls spelled out so FlopCounterMode sees them on CPU
         if self.group_size > 1:  # each key/value head serves the query heads of its group
             k, v = (t.repeat_interleave(self.group_size, dim=1) for t in (k, v))
@@ -94,21 +98,30 @@ class ParallelAttention(nn.Module):
         s = q.size(2)
         if self.position_embedding_type == "alibi":
             scores = scores + self._alibi_bias(s, scores)
-        else:
+        if doc_mask is not None:  # causal and within the document
+            scores = scores.masked_fill(doc_mask, float("-inf"))
+        elif self.position_embedding_type != "alibi":
             mask = self._cached("causal", s, q, lambda: torch.ones(s, s, dtype=torch.bool, device=q.device).triu_(1))
             scores = scores.masked_fill(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         probs = F.dropout(probs, p=dropout_p)
         return torch.matmul(probs, v)
 
-    def _sdpa_attention(self, q, k, v, dropout_p):
+    def _sdpa_attention(self, q, k, v, dropout_p, doc_mask=None):
         gqa = self.group_size > 1
+        if doc_mask is not None:  # causal and within the document; ALiBi's bias added where allowed
+            bias = self._alibi_bias(q.size(2), q) if self.position_embedding_type == "alibi" else 0.0
+            mask = torch.zeros(doc_mask.shape, dtype=q.dtype, device=q.device).masked_fill(doc_mask, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask + bias, dropout_p=dropout_p,
+                                                  enable_gqa=gqa)
         if self.position_embedding_type == "alibi":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self._alibi_bias(q.size(2), q),
                                                   dropout_p=dropout_p, enable_gqa=gqa)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """doc_ids [b, s]: the documents of the samples (megatron/model/documents.py), with
+        --reset-position-ids / --reset-attention-mask (not under DeepSpeed-Ulysses: refused)."""
         mixed = self.query_key_value(hidden_states)                      # [s, b, ng*(a/g+2)*hn]
         # Megatron sequence parallelism: the whole sequence (gathered); DeepSpeed-Ulysses: this
         # rank's chunk of it (s/SP tokens)
@@ -117,12 +130,13 @@ class ParallelAttention(nn.Module):
         q = mixed[:, :, :, :self.group_size].reshape(s, b, self.num_heads, self.head_dim)
         k, v = mixed[:, :, :, self.group_size], mixed[:, :, :, self.group_size + 1]  # [s, b, ng, hn]
         if self._sequence_parallel_attention is None:
-            context = self._core_attention(q, k, v)                      # [s, b, np, hn]
+            context = self._core_attention(q, k, v, doc_ids)             # [s, b, np, hn]
         else:  # all-to-all to [S, b, np/SP, hn] (S: the whole sequence), the core, and back
             context = self._sequence_parallel_attention(q, k, v)
         return self.dense(context.reshape(s, b, self.num_heads * self.head_dim))  # [s, b, h]
 
-    def _core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """q [s, b, heads, hn], k, v [s, b, kv heads, hn] of the whole sequence -> [s, b, heads, hn].
         Positions (rotary, ALiBi, the causal mask) are those of the whole sequence, also under
         DeepSpeed-Ulysses, where this runs between DistributedAttention's all-to-alls."""
@@ -132,13 +146,14 @@ class ParallelAttention(nn.Module):
             cos, sin = self._cached("rotary", s, q,
                                     lambda: rotary_tables(s, self.rotary_dim, self.rope_theta, q.device))
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        doc_mask = document_mask(doc_ids) if self.reset_attention_mask and doc_ids is not None else None
         dropout_p = self.dropout_p if self.training else 0.0
         # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
         with mpu.get_cuda_rng_tracker().fork():
             if self.attention_impl == "sdpa":
-                context = self._sdpa_attention(q, k, v, dropout_p)
+                context = self._sdpa_attention(q, k, v, dropout_p, doc_mask)
             else:
-                context = self._math_attention(q, k, v, dropout_p)
+                context = self._math_attention(q, k, v, dropout_p, doc_mask)
         return context.permute(2, 0, 1, 3)                                 # [s, b, heads, hn]
 
 
@@ -155,10 +170,10 @@ class ParallelTransformerLayer(nn.Module):
         self.post_attention_layernorm = build_norm(config)
         self.mlp = build_mlp(config, layer_number)  # ParallelMLP, or DeepSpeed's MoE in an MoE layer
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[s, b, h] -> [s, b, h] ([s/tp, b, h] shards under sequence parallelism). An MoE layer's
         load-balancing loss rides on its MLP output's gradient (megatron/model/moe/aux_loss.py)."""
-        attn = self.self_attention(self.input_layernorm(hidden_states))
+        attn = self.self_attention(self.input_layernorm(hidden_states), doc_ids)
         with self._dropout_rng():
             hidden_states = hidden_states + F.dropout(attn, p=self.hidden_dropout, training=self.training)
         mlp = self.mlp(self.post_attention_layernorm(hidden_states))
@@ -171,18 +186,21 @@ class ParallelTransformerLayer(nn.Module):
         return mpu.get_cuda_rng_tracker().fork() if self.sequence_sharded else contextlib.nullcontext()
 
 
-Layer = Callable[[torch.Tensor], torch.Tensor]
+Layer = Callable[..., torch.Tensor]  # (hidden states[, doc_ids]) -> hidden states
 
 
-def run_layers(layers: Iterable[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
+def run_layers(layers: Iterable[Layer], hidden_states: torch.Tensor,
+               doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Transformer layers in order; doc_ids (megatron/model/documents.py) goes to each."""
     for layer in layers:
-        hidden_states = layer(hidden_states)
+        hidden_states = layer(hidden_states) if doc_ids is None else layer(hidden_states, doc_ids)
     return hidden_states
 
 
-def checkpointed(layers: Iterable[Layer], hidden_states: torch.Tensor) -> torch.Tensor:
-    """run_layers, recomputed in backward."""
-    return mpu.checkpoint(lambda x: run_layers(layers, x), hidden_states)
+def checkpointed(layers: Iterable[Layer], hidden_states: torch.Tensor,
+                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """run_layers, recomputed in backward (doc_ids needs no gradient: the recompute reads it as is)."""
+    return mpu.checkpoint(lambda x: run_layers(layers, x, doc_ids), hidden_states)
 
 
 def checkpoint_chunks(num_layers: int, method: str, chunk_layers: int) -> list[tuple[int, int, bool]]:
@@ -219,13 +237,14 @@ class ParallelTransformer(nn.Module):
             layer_seed_fn(config.shape.num_layers)
         self.final_layernorm = build_norm(config)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states after the final norm."""
         if self.checkpoint_activations and self.training:
             for start, end, recomputed in checkpoint_chunks(len(self.layers), self.checkpoint_method,
                                                             self.checkpoint_num_layers):
                 layers = self.layers[start:end]
-                hidden_states = checkpointed(layers, hidden_states) if recomputed else run_layers(layers, hidden_states)
+                run = checkpointed if recomputed else run_layers
+                hidden_states = run(layers, hidden_states, doc_ids)
         else:
-            hidden_states = run_layers(self.layers, hidden_states)
+            hidden_states = run_layers(self.layers, hidden_states, doc_ids)
         return self.final_layernorm(hidden_states)

@@ -8,6 +8,7 @@ model (DeepSpeed's general ProcessTopology): the SP ranks of one replica are con
 Microsoft's fork. DeepSpeed's engine asks this module for the sequence-parallel group (the
 all-to-all of DistributedAttention) and the sequence-data-parallel group (SP x DP: the gradient
 reduction and the ZeRO partition)."""
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -49,8 +50,10 @@ _TP_RANKS: list[int] | None = None
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                              sequence_parallel_size: int = 1) -> None:
-    """Create every group on every rank, in the same order (new_group is collective)."""
+                              sequence_parallel_size: int = 1, timeout: timedelta | None = None) -> None:
+    """Create every group on every rank, in the same order (new_group is collective). timeout:
+    --distributed-timeout-minutes, given to each group as Megatron-LM does (a new group does not
+    inherit the default group's; None: torch's default)."""
     global _TOPOLOGY, _TP_GROUP, _PP_GROUP, _DP_GROUP, _MP_GROUP, _SP_GROUP, _SDP_GROUP, _TP_RANKS
     world_size = dist.get_world_size()
     rank = dist.get_rank()
@@ -65,7 +68,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     def _mine(lists):
         found = None
         for ranks in lists:
-            group = dist.new_group(ranks=ranks)
+            group = dist.new_group(ranks=ranks, timeout=timeout)
             if rank in ranks:
                 found = (group, ranks)
         return found

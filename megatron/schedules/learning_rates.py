@@ -13,8 +13,32 @@ from megatron.runtime.refusal import ConfigError
 CHECKED = (("max_lr", "learning rate"), ("min_lr", "minimum learning rate"),
            ("warmup_samples", "warmup samples"), ("decay_samples", "decay samples"),
            ("warmup_tokens", "warmup tokens"), ("decay_tokens", "decay tokens"),
-           ("decay_style", "decay style"))
-_SAVED_KEYS = {"warmup_samples": "warmup_steps", "decay_samples": "decay_steps", "decay_style": "decay_style"}
+           ("decay_style", "decay style"),
+           # the weight-decay increment (Megatron checks these only where a checkpoint has them)
+           ("start_wd", "start weight decay"), ("end_wd", "end weight decay"),
+           ("wd_incr_samples", "weight decay increment samples"), ("wd_incr_style", "weight decay increment style"))
+_SAVED_KEYS = {"warmup_samples": "warmup_steps", "decay_samples": "decay_steps", "decay_style": "decay_style",
+               "wd_incr_samples": "wd_incr_steps"}
+_WD_KEYS = ("start_wd", "end_wd", "wd_incr_steps", "wd_incr_style")
+
+
+def weight_decay_at(samples: int, start_wd: float, end_wd: float, incr_samples: int, style: str) -> float:
+    """Megatron's OptimizerParamScheduler.get_wd: from start_wd to end_wd over incr_samples (the
+    whole run), linearly or along a half cosine; end_wd after it; constant: end_wd (= start_wd)."""
+    if samples > incr_samples or style == "constant":
+        return end_wd
+    ratio = samples / incr_samples
+    coeff = ratio if style == "linear" else 0.5 * (math.cos(math.pi * (1 - ratio)) + 1.0)
+    return start_wd + coeff * (end_wd - start_wd)
+
+
+def weight_decay_samples(args: Namespace) -> int:
+    """Megatron's wd_incr_steps: the run's length in samples (--train-iters x the global batch, or
+    --train-samples)."""
+    if args.train_iters is not None:
+        return args.train_iters * args.global_batch_size
+    from megatron.schedules.microbatches import train_samples
+    return args.train_samples if args.train_samples is not None else train_samples(args)
 
 
 def schedule_lengths(args: Namespace) -> tuple[tuple[int, int], tuple[int | None, int | None]]:
@@ -36,7 +60,8 @@ class AnnealingLR:
     def __init__(self, optimizer: Any, max_lr: float, min_lr: float, warmup_samples: int, decay_samples: int,
                  decay_style: str, tokens_per_sample: int | None = None, warmup_tokens: int | None = None,
                  decay_tokens: int | None = None, use_checkpoint_scheduler: bool = False,
-                 override_scheduler: bool = False) -> None:
+                 override_scheduler: bool = False, start_wd: float | None = None, end_wd: float | None = None,
+                 wd_incr_samples: int | None = None, wd_incr_style: str = "constant") -> None:
         self.optimizer = optimizer
         self.max_lr, self.min_lr = max_lr, min_lr
         self.warmup_samples, self.decay_samples = warmup_samples, decay_samples
@@ -47,6 +72,10 @@ class AnnealingLR:
         self.use_checkpoint_scheduler, self.override_scheduler = use_checkpoint_scheduler, override_scheduler
         self.num_samples = 0  # consumed by the updates applied so far
         self.num_tokens = 0   # the same in tokens (token mode)
+        # the weight-decay increment (None: the param groups' weight decay is left as built); it
+        # moves the groups marked with a `wd_mult` (megatron/training/optimizer.py), as Megatron does
+        self.start_wd, self.end_wd = start_wd, end_wd
+        self.wd_incr_samples, self.wd_incr_style = wd_incr_samples, wd_incr_style
         self.step(0)
 
     @property
@@ -84,9 +113,19 @@ class AnnealingLR:
         if self.token_based:
             self.num_tokens += samples * self.tokens_per_sample if tokens is None else tokens
         lr = self.get_lr()
+        wd = self.get_wd()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+            if wd is not None and "wd_mult" in group:
+                group["weight_decay"] = wd * group["wd_mult"]
         return lr
+
+    def get_wd(self) -> float | None:
+        """Weight decay after the samples consumed so far (None without an increment schedule)."""
+        if self.start_wd is None or self.end_wd is None or self.wd_incr_samples is None:
+            return None
+        return weight_decay_at(self.num_samples, self.start_wd, self.end_wd, self.wd_incr_samples,
+                               self.wd_incr_style)
 
     def state_dict(self) -> dict[str, Any]:
         # key names as Megatron saves them (num_steps, warmup_steps, decay_steps), which count samples
@@ -94,7 +133,9 @@ class AnnealingLR:
         return {"num_steps": self.num_samples, "max_lr": self.max_lr, "min_lr": self.min_lr,
                 "warmup_steps": self.warmup_samples, "decay_steps": self.decay_samples,
                 "decay_style": self.decay_style, "num_tokens": self._lengths()[0] if self.token_based else None,
-                "warmup_tokens": self.warmup_tokens, "decay_tokens": self.decay_tokens}
+                "warmup_tokens": self.warmup_tokens, "decay_tokens": self.decay_tokens,
+                "start_wd": self.start_wd, "end_wd": self.end_wd, "wd_incr_steps": self.wd_incr_samples,
+                "wd_incr_style": self.wd_incr_style}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The position always comes from the checkpoint. The schedule's settings must equal the
@@ -102,9 +143,12 @@ class AnnealingLR:
         --use-checkpoint-opt_param-scheduler (the checkpoint wins), as in both forks."""
         differ = []
         for attr, name in CHECKED:
-            saved, ours = state.get(_SAVED_KEYS.get(attr, attr)), getattr(self, attr)
-            if saved == ours:
+            key = _SAVED_KEYS.get(attr, attr)
+            saved, ours = state.get(key), getattr(self, attr)
+            if saved == ours or (key in _WD_KEYS and key not in state):  # saved before the increment existed
                 continue
+            if key == "wd_incr_steps" and self.wd_incr_style == state.get("wd_incr_style") == "constant":
+                continue  # the run's length moves no constant weight decay (a longer --train-iters resumes)
             if self.use_checkpoint_scheduler:
                 setattr(self, attr, saved)
             elif not self.override_scheduler:

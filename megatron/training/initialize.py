@@ -7,6 +7,7 @@ import dataclasses
 import os
 import random
 from collections.abc import Callable
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -60,13 +61,15 @@ def _initialize_distributed(args: RunArgs) -> ParallelLayout:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    # --distributed-timeout-minutes: the default process group's timeout and our TP / PP / DP groups'
+    timeout = timedelta(minutes=args.distributed_timeout_minutes)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     check_deepspeed_version()  # one line on rank 0 outside the tested releases
     args.rank = torch.distributed.get_rank()
     assert torch.distributed.get_world_size() == args.world_size
     layout = ParallelLayout.from_args(args)
     mpu.initialize_model_parallel(layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
-                                  layout.sequence_parallel_size)
+                                  layout.sequence_parallel_size, timeout=timeout)
     assert mpu.get_data_parallel_world_size() == layout.data_parallel_size, "DeepSpeed's topology disagrees"
     if backend == "gloo" and args.shm_tp_all_reduce:
         from megatron import print_rank_0

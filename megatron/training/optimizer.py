@@ -22,8 +22,10 @@ def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, precisi
     """Biases and LayerNorm gains (the 1-D parameters) get no weight decay."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [{"name": "decay", "params": decay, "weight_decay": settings.weight_decay},
-              {"name": "no_decay", "params": no_decay, "weight_decay": 0.0}]
+    # wd_mult (Megatron's): the share of the scheduled weight decay (--weight-decay-incr-style) a
+    # group takes, which the LR scheduler sets on each step
+    groups = [{"name": "decay", "params": decay, "weight_decay": settings.weight_decay, "wd_mult": 1.0},
+              {"name": "no_decay", "params": no_decay, "weight_decay": 0.0, "wd_mult": 0.0}]
     if settings.create_moe_param_group:
         # the experts in groups of their own, marked `moe` (DeepSpeed's ZeRO / bf16 optimizers need it)
         groups = split_moe_param_groups(groups)

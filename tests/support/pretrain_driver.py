@@ -61,7 +61,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"
 state = {"in_log": False, "collectives_in_log": 0, "parameter_walks_in_log": 0, "log_calls": 0,
          "count_calls": 0, "ds_unique": None, "ds_total": None, "losses": {}, "lrs": {}, "tokens": {},
          "samples": [], "evaluations": [], "step_losses": {}, "model_inputs": [], "stop_flags": [],
-         "step_times": {}}
+         "step_times": {}, "weight_decays": {}}
 
 
 def _process_start_by_hand():
@@ -102,6 +102,16 @@ class Recorder(TrainerHooks):
         engine = trainer.engine
         state["zero_stage"] = engine.zero_optimization_stage()
         state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+        # the ZeRO settings DeepSpeed parsed, and the default process group's timeout (--zero-*,
+        # --distributed-timeout-minutes)
+        zero = engine._config.zero_config
+        state["zero_config"] = {key: getattr(zero, key) for key in ("reduce_scatter", "contiguous_gradients",
+                                                                    "reduce_bucket_size", "allgather_bucket_size")}
+        from megatron import mpu
+        state["pg_timeout_s"] = {name: group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                                 for name, group in (("default", dist.distributed_c10d._get_default_group()),
+                                                     ("tp", mpu.get_tensor_model_parallel_group()),
+                                                     ("dp", mpu.get_data_parallel_group()))}
 
         def record_input(module, inputs):
             tokens = inputs[0] if inputs else None
@@ -149,6 +159,9 @@ class Recorder(TrainerHooks):
         if self.inf_hook is not None:
             self.inf_hook.remove()
         state["step_losses"][trainer.progress.iteration] = float(loss)
+        # each optimizer group's weight decay after the step (--weight-decay-incr-style)
+        state["weight_decays"][trainer.progress.iteration] = [g["weight_decay"]
+                                                              for g in trainer.engine.optimizer.param_groups]
         at, _, factor = os.environ.get("DRIVER_SCALE_WEIGHTS_AT", "0:1").partition(":")
         if trainer.progress.iteration == int(at):
             with torch.no_grad():

@@ -118,3 +118,57 @@ def test_mfu_of_a_one_sample_interval(capsys):
                  global_batch_size=1, total_iterations=100)
     assert " MFU: 12.50% |" in capsys.readouterr().out
     assert writer.scalars["iteration-time/MFU"] == {12: 0.125}
+
+
+def _event_scalars(directory, config, **values):
+    writer = SummaryWriter(log_dir=str(directory))
+    stats = IntervalStats()
+    stats.add(torch.tensor(2.0), samples=8, applied=True)
+    training_log(writer, config, CACHE, stats, 2.0, PROGRESS, lr=3e-4, grad_norm=None, global_batch_size=8,
+                 total_iterations=100, **values)
+    writer.close()
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_fork_switches_loss_scale_world_size_memory(tmp_path, capsys):
+    """The forks' tags (Microsoft's training_log): loss-scale/loss-scale and world-size/world-size
+    on the iteration, samples and tokens axes; mem-reserved-bytes, mem-allocated-bytes and
+    mem-allocated-count (torch.cuda.memory_stats()'s current values) on iterations; the loss scale
+    is on by default and off with --no-log-loss-scale-to-tensorboard, the other two off by default."""
+    import dataclasses
+    stats = {"reserved_bytes.all.current": 2 ** 20, "allocated_bytes.all.current": 5000,
+             "allocation.all.current": 7}
+    on = dataclasses.replace(CONFIG, log_world_size_to_tensorboard=True, log_memory_to_tensorboard=True)
+    scalars = _event_scalars(tmp_path / "on", on, loss_scale=4096.0, memory_stats=stats)
+    for suffix, step in zip(AXES[:3], STEPS[:3], strict=True):
+        assert scalars[f"loss-scale/loss-scale{suffix}"] == [(step, 4096.0)]
+        assert scalars[f"world-size/world-size{suffix}"] == [(step, 4.0)]  # CONFIG: 4 ranks
+    assert scalars["mem-reserved-bytes"] == [(12, 1048576.0)]
+    assert scalars["mem-allocated-bytes"] == [(12, 5000.0)]
+    assert scalars["mem-allocated-count"] == [(12, 7.0)]
+    off = dataclasses.replace(CONFIG, log_loss_scale_to_tensorboard=False)
+    scalars = _event_scalars(tmp_path / "off", off, loss_scale=4096.0)
+    assert not [tag for tag in scalars if tag.startswith(("loss-scale", "world-size", "mem-"))]
+    assert " loss scale: 4096.0 |" in capsys.readouterr().out  # the log line keeps it
+
+
+def test_tensorboard_switch_flags():
+    """The flags' spellings and defaults, as both forks declare them."""
+    from megatron.config.arguments import parse_args
+    from tests.support.validated_args import BASE
+    default = parse_args(args_list=BASE)
+    assert (default.log_loss_scale_to_tensorboard, default.log_memory_to_tensorboard,
+            default.log_world_size_to_tensorboard) == (True, False, False)
+    given = parse_args(args_list=BASE + ["--no-log-loss-scale-to-tensorboard", "--log-memory-to-tensorboard",
+                                         "--log-world-size-to-tensorboard"])
+    assert (given.log_loss_scale_to_tensorboard, given.log_memory_to_tensorboard,
+            given.log_world_size_to_tensorboard) == (False, True, True)
+
+
+def test_memory_to_tensorboard_needs_cuda():
+    from megatron.runtime.refusal import ConfigError
+    from tests.support.validated_args import validated
+    with pytest.raises(ConfigError, match="--log-memory-to-tensorboard logs torch.cuda.memory_stats"):
+        validated(["--log-memory-to-tensorboard"], cuda=False)

@@ -70,7 +70,8 @@ def test_state_dict_keys_in_token_mode():
     lr.step(3)
     assert lr.state_dict() == {"num_steps": 3, "max_lr": 1.0, "min_lr": 0.0, "warmup_steps": 2, "decay_steps": 8,
                                "decay_style": "linear", "num_tokens": 48, "warmup_tokens": None,
-                               "decay_tokens": 100}
+                               "decay_tokens": 100, "start_wd": None, "end_wd": None, "wd_incr_steps": None,
+                               "wd_incr_style": "constant"}  # no weight-decay increment given
     lr, _ = schedule(warmup_samples=2, decay_samples=8)  # sample mode: no token position
     lr.step(3)
     assert lr.state_dict()["num_tokens"] is None and lr.state_dict()["num_steps"] == 3
