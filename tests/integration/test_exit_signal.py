@@ -62,8 +62,9 @@ def _paused(out, num_ranks):
 
 
 def _go(out, signalled):
-    """Once the ranks in `signalled` have taken their signal (rank{R}.received), the paused ranks go on."""
-    received = _wait_for(out, "received", signalled)
+    """Once the ranks in `signalled` have taken their signal (rank{R}.received: within the launcher
+    watch's second when they are alive), the paused ranks go on."""
+    received = _wait_for(out, "received", signalled, timeout=60)
     open(os.path.join(out, "go"), "w").close()
     return received
 
@@ -156,7 +157,7 @@ def test_the_exit_signal_at_one_rank_stops_every_rank_and_a_second_signal_change
 
     def send(paused):
         os.kill(paused[1]["pid"], signal.SIGUSR1)
-        _wait_for(str(out), "received", [1])
+        _wait_for(str(out), "received", [1], timeout=60)
         os.kill(paused[1]["pid"], signal.SIGINT)
     proc, ranks = _launch_and_signal(monkeypatch, out, RUN + ["--exit-signal-handler", "--exit-signal", "SIGUSR1",
                                                               "--save", ckpt], 2, send, signalled=[1])
