@@ -11,8 +11,8 @@ from megatron.model.gpt_model import GPTModel, GPTModelPipe
 from megatron.model.moe import create_expert_groups
 from megatron.runtime.refusal import ConfigError
 
-# a run stopped by --check-for-nan-in-loss-and-grad or --check-for-spiky-loss (2: a configuration error; 0:
-# finished or saved and exited)
+# a run stopped by --check-for-nan-in-loss-and-grad or --check-for-spiky-loss (the table of exit codes:
+# docs/long-runs.md#exit-codes)
 NON_FINITE_EXIT_CODE = 3
 
 if TYPE_CHECKING:
@@ -108,15 +108,7 @@ def main(args_list: list[str] | None = None,
 
 
 if __name__ == "__main__":
-    from megatron.runtime.process_exit import exit_after_success
-    try:
-        main()
-    except SystemExit as e:  # the NaN stop's code and a refusal's, also past teardown; any other exit as before
-        from megatron.runtime.refusal import EXIT_CODE
-        if e.code in (NON_FINITE_EXIT_CODE, EXIT_CODE):
-            exit_after_success(e.code)
-        raise
-    # a finished run leaves without interpreter teardown (gloo's threads can abort it, exit status
-    # 250, after the last iteration); this also skips the final garbage collection of every object
-    # torch and DeepSpeed created. A failure raised above still exits non-zero.
-    exit_after_success()
+    # every outcome (finished, refused, NaN stop, crash) leaves with its own exit code and without
+    # interpreter teardown, which gloo's threads can turn into an abort (status 250)
+    from megatron.runtime.process_exit import run_and_exit
+    run_and_exit(main, "pretrain_gpt.py")

@@ -10,8 +10,8 @@ lands on both alike, and nothing outside the step (launcher, startup, logging) i
 It also times what the loop adds after each step: the NaN check (Trainer.check_loss, on by
 default: one MAX all-reduce of two floats), in this process (world size 1) and, for the collective's
 own latency between ranks, a gloo all-reduce of one float between two processes on this host.
-The exit flags (Trainer.agree_on_stop) add a second such all-reduce only when --exit-duration-in-mins,
---kill-switch-path or --exit-signal-handler is given.
+The exit flags (Trainer.agree_on_stop) add a second such all-reduce only when --save (its stop
+signals), --exit-duration-in-mins, --kill-switch-path or --exit-signal-handler is given.
 
 Usage: python benchmarks/bench_overhead.py [--reps 5] [--iters 2] [--threads 1] [model flags]
 """

@@ -157,11 +157,13 @@ def _add_training_args(parser):
     g.add_argument("--exit-interval", type=int, default=None)
     g.add_argument("--exit-duration-in-mins", type=float, default=None)  # Megatron: int; fractions for short runs
     # Megatron-LM's: on --exit-signal (or when the rank's launcher goes away) every rank finishes the
-    # iteration, saves and exits 0 (megatron/training/exit_signal.py)
+    # iteration, saves and exits 0 (megatron/training/exit_signal.py); with --save, SIGTERM and SIGINT
+    # (Ctrl-C) do so without the flag too
     g.add_argument("--exit-signal-handler", action="store_true",
-                   help="save a checkpoint and exit when --exit-signal arrives at any rank or the launcher exits")
+                   help="save a checkpoint and exit when SIGTERM, SIGINT or --exit-signal arrives at any rank or "
+                        "the launcher exits (with --save this is on for SIGTERM and SIGINT without the flag)")
     g.add_argument("--exit-signal", choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"], default="SIGTERM",
-                   help="the signal --exit-signal-handler acts on")
+                   help="a signal --exit-signal-handler acts on besides SIGTERM and SIGINT")
     # Megatron-LM's: on by default; a non-finite loss or gradient norm stops the run without a save
     g.add_argument("--no-check-for-nan-in-loss-and-grad", action="store_false", dest="check_for_nan_in_loss_and_grad",
                    help="train on through a non-finite loss or gradient norm")

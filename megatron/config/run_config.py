@@ -133,7 +133,7 @@ class ExitSettings:
     exit_interval: int | None
     exit_duration_in_mins: float | None
     kill_switch_path: str | None
-    exit_signal_handler: bool = False  # save and exit on exit_signal (or a launcher that went away)
+    exit_signal_handler: bool = False  # stop signals handled without --save too, exit_signal among them
     exit_signal: str = "SIGTERM"
     check_for_nan_in_loss_and_grad: bool = True  # stop on a non-finite loss or gradient norm
     check_for_spiky_loss: bool = False  # stop on a loss 10x the largest of the run's first 100

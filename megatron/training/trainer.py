@@ -91,7 +91,7 @@ class StopFlags(NamedTuple):
     """What the ranks agreed on after an iteration (stop_flags): each True when any rank saw it."""
     late: bool = False        # --exit-duration-in-mins: one more iteration and a save would not fit
     killed: bool = False      # the --kill-switch-path file exists
-    signalled: bool = False   # --exit-signal-handler: the signal, or a launcher that went away
+    signalled: bool = False   # a stop signal (exit_signal.py), or a launcher that went away
     # with --exit-duration-in-mins: (used, longest iteration, save) in seconds, the ranks' MAX of each
     times: tuple[float, float, float] | None = None
 
@@ -131,7 +131,7 @@ class Trainer:
         self.train_iter: Iterator | None = None
         self.valid_iters: NamedIterators = None  # [(group name, iterator)] or None
         self.test_iters: NamedIterators = None
-        self.exit_signal: ExitSignalHandler | None = None  # --exit-signal-handler, while train() runs
+        self.exit_signal: ExitSignalHandler | None = None  # the stop signals' handler (run())
         # --check-for-spiky-loss: how many of the run's first losses make the reference (a test may lower it)
         self.spiky_loss_samples = SPIKY_LOSS_SAMPLES
         # the iteration whose update made the weights now trained on (the start's, before the first):
@@ -239,16 +239,30 @@ class Trainer:
 
     def run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         """Load, build the data, train, then the end-of-run evaluation and save (or the exit save).
-        Returns why training stopped (see `train`). --exit-signal-handler's handler is in place
-        from here to the end of the exit save: a signal during startup stops the run after its
-        first iteration, and a second one (DeepSpeed's launcher repeats SIGTERM) cannot cut the save."""
-        if self.exit.exit_signal_handler:
-            self.exit_signal = ExitSignalHandler(self.exit.exit_signal).install()
+        Returns why training stopped (see `train`). The stop signals' handler is in place from
+        here to the end of the exit save: a signal during --load stops the run after its first
+        iteration, and a second one (DeepSpeed's launcher repeats SIGTERM) cannot cut the save."""
+        self.exit_signal = self._install_exit_signal_handler()
         try:
             return self._run(dataset_provider, batch_fn)
         finally:
             if self.exit_signal is not None:
                 self.exit_signal.release()
+
+    def _install_exit_signal_handler(self) -> ExitSignalHandler | None:
+        """With --save or --exit-signal-handler, SIGTERM, SIGINT (Ctrl-C) and --exit-signal save and
+        exit after the iteration in progress (megatron/training/exit_signal.py); a run with neither has
+        nothing to save, and the signals end it at once. Said in one line either way."""
+        settings = self.exit
+        if not (settings.exit_signal_handler or self.checkpointer.config.save):
+            print_rank_0("stop signals: SIGTERM and SIGINT (Ctrl-C) end this run at once (no --save and no "
+                         "--exit-signal-handler: nothing to save)")
+            return None
+        handler = ExitSignalHandler(settings.exit_signal if settings.exit_signal_handler else "SIGTERM").install()
+        print_rank_0(f"stop signals: {', '.join(handler.names)} or a launcher that exits: every rank "
+                     f"{'saves and ' if self.checkpointer.config.save else ''}exits after the iteration in "
+                     f"progress; a second signal changes nothing (SIGKILL ends it at once)")
+        return handler
 
     def _run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         progress = self.progress
@@ -313,7 +327,7 @@ class Trainer:
 
     def train(self) -> str:
         """Trains until the schedule ends ("finished"), an exit flag fires ("exit-interval",
-        "exit-duration", "kill-switch": the file appeared, "exit-signal": --exit-signal-handler) or
+        "exit-duration", "kill-switch": the file appeared, "exit-signal": a stop signal) or
         a loss check stops it ("non-finite", "spiky": megatron/training/loss_check.py); returns which."""
         timers = get_timers()
         self.engine.train()
@@ -436,8 +450,8 @@ class Trainer:
         if flags.signalled:
             # rank 0's own reason when it has one (every rank that got the signal has)
             why = self.exit_signal.received if self.exit_signal is not None else None
-            why = why or f"another rank received {settings.exit_signal} or lost its launcher"
-            print_rank_0(f"--exit-signal-handler: {why}; saving and exiting after iteration {self.progress.iteration}")
+            why = why or "another rank received a stop signal or lost its launcher"
+            print_rank_0(f"stop signal: {why}; saving and exiting after iteration {self.progress.iteration}")
             return "exit-signal"
         if flags.late:
             self._report_late(flags)
@@ -554,7 +568,7 @@ def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]
 def stop_flags(settings: ExitSettings, budget: TimeBudget | None = None, received: bool | None = None) -> StopFlags:
     """Every rank's exit flags, decided together: one MAX all-reduce of five floats (the kill
     switch, the signal and the budget's three times, time_budget.py), so one rank that sees the
-    --kill-switch-path file, one rank that received the --exit-signal-handler signal (`received`)
+    --kill-switch-path file, one rank that received a stop signal (`received`)
     or one rank whose times spend --exit-duration-in-mins stops every rank after the same iteration
     (a rank alone in the exit save's barrier would hang the job). No collective when none of these
     is configured; with any, this is the iteration's one extra collective (a file stat per rank with

@@ -10,6 +10,9 @@ tries to write into the same --save directory is refused.
 Why not bit-exact against the reference after the restart: iterations 3-4 ran at DP=1, and bf16
 rounds a DP=1 step's matmul outputs differently from a DP=2 step's (see test_resume_anywhere.py's
 tolerance); the losses before the crash are compared exactly.
+
+Every kind of damage is also refused at 2 ranks (TP1 x PP2) through the `deepspeed` command, with
+the exit code 2 a scheduler reads (never 250 from a C++ abort in teardown).
 """
 import glob
 import json
@@ -258,6 +261,91 @@ def test_every_damaged_file_is_one_line_before_the_model(runs, entry_point, tmp_
             assert proc.returncode == 2 and body in proc.stderr, (name, proc.stderr)
             assert proc.stderr.startswith("verify_checkpoint.py: error: ") and proc.stderr.count("\n") == 1
 
+
+
+PP2 = TINY + ["--global-batch-size", 4, "--train-iters", 4, "--eval-iters", 0, "--pipeline-model-parallel-size", 2]
+
+
+@pytest.fixture(scope="module")
+def pp2_checkpoint(tmp_path_factory):
+    """Iteration 2 of a TP1 x PP2 run."""
+    tmp = tmp_path_factory.mktemp("pp2")
+    launch(2, PP2 + ["--train-iters", 2, "--save", tmp / "ref"], str(tmp / "ref_out"))
+    return str(tmp / "ref")
+
+
+SHARD, LAYER, OTHER_LAYER = ("mp_rank_01_model_states.pt", "layer_01-model_00-model_states.pt",
+                             "layer_02-model_00-model_states.pt")
+FOREIGN = "mp_rank_02_model_states.pt"  # a third pipeline stage's file, which DeepSpeed would count
+# each: the damage, and how the one line starts (after "pretrain_gpt.py: error: "); the ranks split
+# the manifest's files (rank 1 checks SHARD and LAYER, rank 0 OTHER_LAYER; rank 0 alone looks for
+# files the manifest does not list)
+PP2_DAMAGE = {
+    "truncated": (lambda d, s: _truncate(os.path.join(s, SHARD)),
+                  lambda d, s: f"{s}/{SHARD}: checkpoint shard is unreadable (BadZipFile)"),
+    "missing": (lambda d, s: os.remove(os.path.join(s, OTHER_LAYER)),
+                lambda d, s: f"{s}/{OTHER_LAYER}: checkpoint shard is missing"),
+    "altered": (lambda d, s: _flip_a_weight(os.path.join(s, LAYER)),
+                lambda d, s: f"{s}/{LAYER}: checkpoint shard differs from what was saved (entry "),
+    "foreign": (lambda d, s: shutil.copy(os.path.join(s, SHARD), os.path.join(s, FOREIGN)),
+                lambda d, s: f"{s}/{FOREIGN}: not part of the saved checkpoint"),
+    "tracker": (lambda d, s: _write(os.path.join(d, "latest_checkpointed_iteration.txt"), "5"),
+                lambda d, s: f"--load {d}: {d}/global_step5 does not exist (saved iterations: 2)"),
+    "garbled_tracker": (lambda d, s: _write(os.path.join(d, "latest_checkpointed_iteration.txt"), "two"),
+                        lambda d, s: f"--load {d}: latest_checkpointed_iteration.txt holds 'two'"),
+    "manifest": (lambda d, s: _truncate(os.path.join(s, MANIFEST)),
+                 lambda d, s: f"--load {d}: {s}/{MANIFEST}: the manifest is unreadable (JSONDecodeError)"),
+    "layout": (_old(lambda d, s: _truncate(os.path.join(s, "megatron_layout.json"))),
+               lambda d, s: f"--load {d}: {s}/megatron_layout.json is unreadable (JSONDecodeError: "),
+    "old_truncated": (_old(lambda d, s: _truncate(os.path.join(s, SHARD))),
+                      lambda d, s: f"{s}/{SHARD}: checkpoint shard is unreadable (BadZipFile)"),
+    "old_missing": (_old(lambda d, s: os.remove(os.path.join(s, LAYER))),
+                    lambda d, s: f"{s}/{LAYER}: checkpoint shard is missing"),
+}
+
+
+def _damaged_pp2(ref, tmp_path, name):
+    """A copy of `ref` with PP2_DAMAGE[name] done to it: (copy, its digest, the expected line's start)."""
+    how, message = PP2_DAMAGE[name]
+    copy = checkpoint_at(ref, 2, str(tmp_path / name))
+    step = os.path.join(copy, "global_step2")
+    how(copy, step)
+    return copy, digest(copy), f"pretrain_gpt.py: error: {message(copy, step)}"
+
+
+def _error_lines(output):
+    return [line for line in output.splitlines() if line.startswith("pretrain_gpt.py: error: ")]
+
+
+def test_every_damaged_file_at_two_ranks_is_one_line_and_exit_2_on_every_rank(pp2_checkpoint, tmp_path):
+    """Each damage, loaded at 2 ranks through pretrain_gpt.py's entry point: one line for the job,
+    both ranks exit 2 (rank 0 after its line, rank 1 when the launcher stops it), nothing changes."""
+    for name in PP2_DAMAGE:
+        copy, before, line = _damaged_pp2(pp2_checkpoint, tmp_path, name)
+        proc, _ = launch(2, PP2 + ["--load", copy], str(tmp_path / f"{name}_out"), script="pretrain_gpt.py",
+                         check=False)
+        assert proc.rank_returncodes == [2, 2], (name, proc.rank_returncodes, proc.stdout[-3000:])
+        lines = _error_lines(proc.stdout)
+        assert len(lines) == 1 and lines[0].startswith(line), (name, lines)
+        assert "Traceback" not in proc.stdout and digest(copy) == before, name
+
+
+def test_a_damaged_file_under_the_deepspeed_command_exits_2_not_250(pp2_checkpoint, tmp_path):
+    """The same refusal as users launch it, `deepspeed --num_gpus 2 pretrain_gpt.py` (fresh
+    interpreters, output through a pipe as a terminal or a scheduler's log reads it): the command
+    exits 2, without a C++ `terminate` line. Before pretrain_gpt.py's entry point left without
+    interpreter teardown, about one such launch in five exited 250 (gloo's threads aborting rank 0
+    after its line); test_clean_exit.py checks the skipped teardown itself."""
+    copy, before, line = _damaged_pp2(pp2_checkpoint, tmp_path, "foreign")
+    proc = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "pretrain_gpt.py",
+                           *map(str, PP2 + ["--load", copy])], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=ROOT))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, (proc.returncode, output[-3000:])
+    lines = _error_lines(output)
+    assert len(lines) == 1 and lines[0].startswith(line), lines
+    assert "terminate called" not in output and "Traceback" not in output, output[-3000:]
+    assert digest(copy) == before
 
 
 def _mount_tmpfs(path, size):

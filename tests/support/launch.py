@@ -35,7 +35,8 @@ def launcher_env(num_ranks: int, master_port: int) -> dict[str, str]:
 def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Mapping[str, str] | None = None,
                   threads_per_rank: int = 1, timeout: float | None = None,
                   fork: bool = False) -> subprocess.CompletedProcess[str]:
-    """The completed process, stdout and stderr of every rank together in `.stdout`; runs from the
+    """The completed process, stdout and stderr of every rank together in `.stdout`, each rank's exit
+    status in `.rank_returncodes` (a rank the launch stopped: what that stop gave); runs from the
     repository root.
 
     Starts the ranks as `deepspeed --num_gpus N` does on a single node: `python -u script
@@ -71,7 +72,9 @@ def run_deepspeed(num_ranks: int, script: str, flags: Iterable[object], env: Map
         finally:  # a failed rank, the timeout or an interrupt: no rank outlives the launch
             _stop(ranks)
         out.seek(0)
-        return subprocess.CompletedProcess(cmd, returncode, out.read())
+        completed = subprocess.CompletedProcess(cmd, returncode, out.read())
+        completed.rank_returncodes = [rank.poll() for rank in ranks]  # type: ignore[attr-defined]
+        return completed
 
 
 # what every rank imports: DeepSpeed (its accelerator resolved at import), torch._dynamo (the first

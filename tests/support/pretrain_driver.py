@@ -31,8 +31,11 @@ $DRIVER_OUT/rank{R}.json:
     engine's step (on_step_start / on_step_end); `process_start`: this process's start, read from
     /proc by hand (the boot time plus its start ticks), not through the trainer's code;
   * with DRIVER_PAUSE_AT=N: at the start of iteration N each rank writes $DRIVER_OUT/rank{R}.paused
-    (its PID and its parent's) and sleeps DRIVER_PAUSE_S seconds (default 4), so that a test can
-    signal processes while every rank is known to be inside iteration N.
+    (its PID and its parent's) and waits until $DRIVER_OUT/go exists, so that a test can signal
+    processes while every rank is known to be inside iteration N; meanwhile, once the rank's stop
+    signal handler has something (a signal, its launcher gone), it writes $DRIVER_OUT/rank{R}.received
+    (the test lets the ranks go once the signals it sent have landed);
+  * `exit_signal`: what the rank's stop signal handler holds at the end (its first signal), or None.
   * with DRIVER_SCALE_WEIGHTS_AT=N:F: right after iteration N's step (before anything of it is
     saved) every rank multiplies its weights by F in place: a blow-up at a known iteration, that
     iteration N+1's loss shows;
@@ -99,6 +102,7 @@ class Recorder(TrainerHooks):
     def on_build(self, trainer):
         """What the engine really runs with: its ZeRO stage and the elements this rank holds after it
         partitioned the model (ZeRO-3 leaves each rank its shard only)."""
+        self.trainer = trainer
         engine = trainer.engine
         state["zero_stage"] = engine.zero_optimization_stage()
         state["engine_local_numel"] = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
@@ -145,11 +149,7 @@ class Recorder(TrainerHooks):
         self.inf_hook = None
         state["step_times"][trainer.progress.iteration + 1] = [time.time(), None]
         if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_PAUSE_AT", "0")):
-            path = os.path.join(os.environ["DRIVER_OUT"], f"rank{trainer.args.rank}.paused")
-            with open(path + ".tmp", "w") as f:
-                json.dump({"pid": os.getpid(), "ppid": os.getppid()}, f)
-            os.replace(path + ".tmp", path)  # whole, for the test that polls for it
-            time.sleep(float(os.environ.get("DRIVER_PAUSE_S", "4")))
+            _pause(trainer)
         if trainer.progress.iteration + 1 == int(os.environ.get("DRIVER_INF_GRAD_AT", "0")):
             param = next(trainer.engine.module.parameters())
             self.inf_hook = param.register_hook(lambda grad: torch.full_like(grad, float("inf")))
@@ -193,6 +193,26 @@ class Recorder(TrainerHooks):
 RECORDER = Recorder()
 
 
+def _write_whole(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)  # whole, for the test that polls for it
+
+
+def _pause(trainer):
+    """DRIVER_PAUSE_AT: rank{R}.paused, then wait for the test's `go` (writing rank{R}.received once
+    the stop signal handler has something)."""
+    out, rank = os.environ["DRIVER_OUT"], trainer.args.rank
+    _write_whole(os.path.join(out, f"rank{rank}.paused"), json.dumps({"pid": os.getpid(), "ppid": os.getppid()}))
+    noted = False
+    while not os.path.exists(os.path.join(out, "go")):
+        received = trainer.exit_signal.received if trainer.exit_signal is not None else None
+        if received is not None and not noted:
+            _write_whole(os.path.join(out, f"rank{rank}.received"), received)
+            noted = True
+        time.sleep(0.02)
+
+
 def run(argv):
     """pretrain_gpt.main(argv), recorded into `state` (tests that run it in-process call this)."""
     return pretrain_gpt.main(argv, hooks=RECORDER)
@@ -227,6 +247,11 @@ ds_logger.setLevel(logging.INFO)
 ds_logger.addHandler(_EngineView(level=logging.INFO))
 
 
+def _exit_signal():
+    handler = RECORDER.trainer.exit_signal if hasattr(RECORDER, "trainer") else None
+    return handler.received if handler is not None else None
+
+
 def main():
     out = os.environ["DRIVER_OUT"]
     try:
@@ -245,20 +270,13 @@ def main():
                   components=args.parameter_components, stages=args.parameter_stages,
                   flops_per_sample=args.flops_per_sample, padded_vocab_size=args.padded_vocab_size,
                   iteration=progress.iteration, gigaflos_no_embeds=progress.gigaflos_no_embeds,
-                  consumed_valid_samples=progress.consumed_valid_samples)
+                  consumed_valid_samples=progress.consumed_valid_samples, exit_signal=_exit_signal())
     del result["in_log"]
     with open(os.path.join(out, f"rank{args.rank}.json"), "w") as f:
         json.dump(result, f)
 
 
 if __name__ == "__main__":
-    # as pretrain_gpt.py's own entry point: a finished run, and a loss check's stop, end without
-    # interpreter teardown
-    from megatron.runtime.process_exit import exit_after_success
-    try:
-        main()
-    except SystemExit as e:
-        if e.code == pretrain_gpt.NON_FINITE_EXIT_CODE:
-            exit_after_success(e.code)
-        raise
-    exit_after_success()
+    # as pretrain_gpt.py's own entry point: each outcome its exit code, without interpreter teardown
+    from megatron.runtime.process_exit import run_and_exit
+    run_and_exit(main, "pretrain_driver.py")
