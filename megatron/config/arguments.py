@@ -192,7 +192,16 @@ def _add_learning_rate_args(parser):
     g = parser.add_argument_group("learning rate")
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine"], default="linear")
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"], default="linear")
+    # Megatron-LM's WSD: the cool-down's shape and length (the last part of the decay length)
+    g.add_argument("--lr-wsd-decay-style", choices=["exponential", "linear", "cosine", "minus_sqrt"],
+                   default="exponential", help="WSD: the cool-down's shape")
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+                   help="WSD: the cool-down's length in iterations (with --train-iters)")
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=None,
+                   help="WSD: the cool-down's length in samples (with --train-samples)")
+    g.add_argument("--lr-wsd-decay-tokens", type=int, default=None,
+                   help="WSD: the cool-down's length in tokens (ours; token mode, as --lr-decay-tokens)")
     g.add_argument("--lr-decay-iters", type=int, default=None)
     g.add_argument("--lr-decay-samples", type=int, default=None)
     g.add_argument("--lr-warmup-fraction", type=float, default=None)

@@ -20,7 +20,7 @@ from megatron.model.shape import ModelShape
 from megatron.runtime.parallel_layout import ParallelLayout
 from megatron.runtime.precision import Precision
 from megatron.schedules.curriculum import CurriculumSchedule
-from megatron.schedules.learning_rates import schedule_lengths
+from megatron.schedules.learning_rates import schedule_lengths, wsd_decay_lengths
 from megatron.schedules.microbatches import train_samples
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -80,12 +80,17 @@ class LRSchedule:
     tokens_per_sample: int
     use_checkpoint_scheduler: bool  # --use-checkpoint-opt_param-scheduler
     override_scheduler: bool        # --override-opt_param-scheduler
+    wsd_decay_samples: int | None = None  # WSD's cool-down (--lr-wsd-decay-iters x the batch / -samples)
+    wsd_decay_tokens: int | None = None   # --lr-wsd-decay-tokens
+    wsd_decay_style: str = "exponential"  # --lr-wsd-decay-style
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "LRSchedule":
         (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+        wsd_samples, wsd_tokens = wsd_decay_lengths(args)
         return cls(args.lr, args.min_lr, args.lr_decay_style, warmup, decay, warmup_tokens, decay_tokens,
-                   args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler)
+                   args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler,
+                   wsd_samples, wsd_tokens, args.lr_wsd_decay_style)
 
 
 @dataclass(frozen=True)

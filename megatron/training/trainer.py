@@ -538,7 +538,9 @@ def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) 
                        schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
                        warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens,
                        use_checkpoint_scheduler=schedule.use_checkpoint_scheduler,
-                       override_scheduler=schedule.override_scheduler)
+                       override_scheduler=schedule.override_scheduler,
+                       wsd_decay_samples=schedule.wsd_decay_samples, wsd_decay_tokens=schedule.wsd_decay_tokens,
+                       wsd_decay_style=schedule.wsd_decay_style)
 
 
 def exit_signals(start_time: float, settings: ExitSettings) -> tuple[bool, bool]:
