@@ -307,6 +307,12 @@ def _add_logging_args(parser):
     g.add_argument("--tensorboard-queue-size", type=int, default=1000)
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
     g.add_argument("--log-timers-to-tensorboard", action="store_true")
+    g.add_argument("--timing-log-option", choices=["max", "minmax", "all"], default=None,
+                   help="Megatron-LM: every rank's iteration time at each log line: the max, (min, max) or each "
+                        "rank's, with the slowest rank named (default: not gathered)")
+    g.add_argument("--log-progress", action="store_true",
+                   help="Megatron-LM: progress.txt in --save, a line per job start and per checkpoint with the "
+                        "throughput, FLOPs and tokens so far")
     g.add_argument("--log-batch-size-to-tensorboard", action="store_true")
     g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
     g.add_argument("--peak-tflops", type=float, default=None,

@@ -286,6 +286,8 @@ def _validate_training_length(args):
                  f"the warmup ({warmup_tokens} tokens) must end before the decay ({decay_tokens} tokens) does: "
                  f"lower --lr-warmup-tokens or raise --lr-decay-tokens")
     _validate_wsd(args, warmup, decay, warmup_tokens, decay_tokens)
+    _require(not args.log_progress or args.save,
+             "--log-progress writes progress.txt into the --save directory: add --save DIR or drop it")
 
 
 def _validate_wsd(args, warmup, decay, warmup_tokens, decay_tokens):

@@ -29,6 +29,8 @@ class LoggingConfig:
     model_shape: ModelShape  # MoE's extra scalars; what the memory prediction is for
     memory: TrainingSetup    # what the memory prediction is made for, without the engine's fused Adam
     mfu: MfuSettings         # the device's peak and the startup line naming it
+    timing_log_option: str | None = None  # --timing-log-option: every rank's iteration time (rank_timing.py)
+    log_progress: bool = False            # --log-progress: progress.txt in --save (progress_log.py)
 
     @classmethod
     def from_args(cls, args: Namespace) -> "LoggingConfig":
@@ -42,6 +44,7 @@ class LoggingConfig:
                    log_validation_ppl_to_tensorboard=args.log_validation_ppl_to_tensorboard,
                    log_params_norm=args.log_params_norm, log_num_zeros_in_grad=args.log_num_zeros_in_grad,
                    log_optimizer_states_to_tensorboard=args.log_optimizer_states_to_tensorboard,
+                   log_progress=args.log_progress, timing_log_option=args.timing_log_option,
                    world_size=args.world_size, data_parallel_size=args.data_parallel_size,
                    seq_length=args.seq_length, model_shape=args.model_shape,
                    memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops))
