@@ -138,6 +138,10 @@ def _add_regularization_args(parser):
 
 def _add_training_args(parser):
     g = parser.add_argument_group("training")
+    # ours (Megatron-LM has no flag: it always counts causal attention at half its s^2 terms)
+    g.add_argument("--flops-attention", choices=["full", "causal"], default="full",
+                   help="the FLOPs convention of every FLOPs number (log, TensorBoard, MFU, --log-progress): "
+                        "attention's s^2 terms in full (the forks') or halved for the causal mask (Megatron-LM's)")
     g.add_argument("--micro-batch-size", type=int, default=None)
     g.add_argument("--global-batch-size", type=int, default=None)
     g.add_argument("--rampup-batch-size", nargs="*", default=None,

@@ -7,7 +7,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 
 from megatron.metrics.memory import TrainingSetup
-from megatron.metrics.mfu import MfuSettings, resolve_mfu
+from megatron.metrics.mfu import MfuSettings, resolve_mfu, with_flops_convention
 from megatron.model.shape import ModelShape
 
 
@@ -47,4 +47,6 @@ class LoggingConfig:
                    log_progress=args.log_progress, timing_log_option=args.timing_log_option,
                    world_size=args.world_size, data_parallel_size=args.data_parallel_size,
                    seq_length=args.seq_length, model_shape=args.model_shape,
-                   memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops))
+                   memory=TrainingSetup.from_args(args),
+                   mfu=with_flops_convention(resolve_mfu(precision, args.peak_tflops),
+                                             causal=args.flops_attention == "causal"))

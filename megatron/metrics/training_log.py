@@ -55,6 +55,10 @@ def log_model_size(writer: Any, cache: Namespace, is_moe: bool, report_lines: li
         writer.add_scalar("model/parameters active without embeddings", cache.parameters_active_no_embedding, 0)
     # indented: TensorBoard renders text as markdown, and a code block keeps the table's columns
     writer.add_text("model/parameters (exact)", "\n".join("    " + line for line in report_lines), 0)
+    # which FLOPs convention every FLOPs scalar uses (the report's line, megatron/model/analytic.py)
+    for line in report_lines:
+        if line.startswith("FLOPs convention: "):
+            writer.add_text("model/FLOPs convention", line, 0)
 
 
 @dataclass

@@ -182,7 +182,8 @@ class Trainer:
         report = format_parameter_report(self.counts, self.shape, self.parallel.data_parallel_size,
                                          self.config.recompute.checkpoint_activations, self.config.recompute.method,
                                          self.config.recompute.num_layers, flops=args.flops_per_sample,
-                                         sequence_parallel_size=self.parallel.sequence_parallel_size)
+                                         sequence_parallel_size=self.parallel.sequence_parallel_size,
+                                         causal_attention=args.flops_attention == "causal")
         for line in report:
             print_rank_0(line)
         if self.curriculum:
