@@ -314,6 +314,11 @@ def _add_logging_args(parser):
     g.add_argument("--timing-log-option", choices=["max", "minmax", "all"], default=None,
                    help="Megatron-LM: every rank's iteration time at each log line: the max, (min, max) or each "
                         "rank's, with the slowest rank named (default: not gathered)")
+    # both forks and Megatron-LM: the TensorBoard scalars also to Weights & Biases (the last rank's)
+    g.add_argument("--wandb-project", type=str, default="", help="the W&B project; empty: no W&B (the default)")
+    g.add_argument("--wandb-exp-name", type=str, default="", help="the W&B run's name (needed with --wandb-project)")
+    g.add_argument("--wandb-save-dir", type=str, default="",
+                   help="where W&B writes its files locally (default: --save/wandb)")
     g.add_argument("--log-progress", action="store_true",
                    help="Megatron-LM: progress.txt in --save, a line per job start and per checkpoint with the "
                         "throughput, FLOPs and tokens so far")

@@ -286,8 +286,21 @@ def _validate_training_length(args):
                  f"the warmup ({warmup_tokens} tokens) must end before the decay ({decay_tokens} tokens) does: "
                  f"lower --lr-warmup-tokens or raise --lr-decay-tokens")
     _validate_wsd(args, warmup, decay, warmup_tokens, decay_tokens)
+    _validate_wandb(args)
     _require(not args.log_progress or args.save,
              "--log-progress writes progress.txt into the --save directory: add --save DIR or drop it")
+
+
+def _validate_wandb(args):
+    """--wandb-project: a run name, a local directory, and the optional `wandb` package."""
+    if not args.wandb_project:
+        return
+    _require(args.wandb_exp_name, f"--wandb-project {args.wandb_project} needs --wandb-exp-name NAME (the run's name)")
+    _require(args.wandb_save_dir or args.save,
+             "--wandb-project writes its files into --wandb-save-dir (default --save/wandb): give one of them")
+    import importlib.util
+    _require(importlib.util.find_spec("wandb") is not None,
+             "--wandb-project needs the wandb package: pip install -e '.[wandb]' (or drop --wandb-project)")
 
 
 def _validate_wsd(args, warmup, decay, warmup_tokens, decay_tokens):
