@@ -77,6 +77,13 @@ def test_flags_give_the_lengths():
     assert (schedule.decay_samples, schedule.wsd_decay_samples, schedule.wsd_decay_style) == (80, 24, "cosine")
     assert lengths("--lr-wsd-decay-tokens", 96).wsd_decay_tokens == 96
     assert lengths("--lr-wsd-decay-iters", 3).wsd_decay_style == "exponential"  # Megatron-LM's default
+    # --train-samples: the cool-down in samples (Megatron-LM's --lr-wsd-decay-samples)
+    from tests.support.validated_args import BASE
+    samples = [a for a in BASE if a not in ("--train-iters", "10")] + ["--train-samples", "96"]
+    schedule = LRSchedule.from_args(validated(["--lr-decay-style", "WSD", "--lr-wsd-decay-samples", 40], base=samples))
+    assert (schedule.decay_samples, schedule.wsd_decay_samples) == (96, 40)
+    with pytest.raises(ConfigError, match="--lr-wsd-decay-iters does not go with --train-samples"):
+        validated(["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", 4], base=samples)
 
 
 @pytest.mark.parametrize("extra, line", [
