@@ -27,11 +27,14 @@ setup(
         "plots": ["matplotlib", "scipy"],
         # --tokenizer-type GPTSentencePieceTokenizer
         "sentencepiece": ["sentencepiece"],
+        # --wandb-project (Weights & Biases logging); training without it never imports it
+        "wandb": ["wandb"],
         # tokenizers: an independent reference encoder for the BPE tests and the vocab trainer
         # ruff, mypy: the lint and type check CI runs before the tests (ruff.toml, mypy.ini);
         # transformers, safetensors: the HF export;
-        # matplotlib, scipy: tools/compare_runs.py; sentencepiece: the SentencePiece tokenizer tests
+        # matplotlib, scipy: tools/compare_runs.py; sentencepiece: the SentencePiece tokenizer tests;
+        # wandb: the offline W&B run the logging test reads back
         "test": ["pytest", "tokenizers", "ruff==0.17.6", "mypy==2.4.1", "transformers>=5", "safetensors", "matplotlib",
-                 "scipy", "sentencepiece"],
+                 "scipy", "sentencepiece", "wandb"],
     },
 )

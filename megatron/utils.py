@@ -34,6 +34,7 @@ from megatron.model.analytic import (
     StageCount,
     analytic_parameter_counts,
     experts_per_expert_parallel_rank,
+    flops_convention_line,
     flops_per_sample,
     stage_items,
 )
@@ -301,18 +302,22 @@ def cache_parameter_counts(args: Namespace, counts: ParameterCounts) -> Namespac
     args.parameters_active_in_billions_no_embedding = args.parameters_active_no_embedding / 1e9
     # the run's FLOPs per sample, here and nowhere else: with recompute (the log line's TFLOPs,
     # hardware FLOPs as Megatron-DeepSpeed counts them) and without (the model's, for MFU)
+    # in the --flops-attention convention (analytic.py: FLOPS_CONVENTIONS)
+    causal = getattr(args, "flops_attention", "full") == "causal"
     args.flops_per_sample = flops_per_sample(args.model_shape, args.checkpoint_activations,
-                                             args.activations_checkpoint_method, args.checkpoint_num_layers)
-    args.model_flops_per_sample = flops_per_sample(args.model_shape, checkpoint_activations=False)
+                                             args.activations_checkpoint_method, args.checkpoint_num_layers,
+                                             causal=causal)
+    args.model_flops_per_sample = flops_per_sample(args.model_shape, checkpoint_activations=False, causal=causal)
     # the same per trained sequence length: --seq-length and every length of a curriculum
     # (megatron/schedules/curriculum.py); the logger looks up the lengths its iterations trained at
     curriculum = getattr(args, "curriculum", None)
     lengths = sorted({args.model_shape.seq_length, *(curriculum.seqlens() if curriculum else ())})
     args.flops_per_sample_at = MappingProxyType({s: flops_per_sample(
         args.model_shape, args.checkpoint_activations, args.activations_checkpoint_method, args.checkpoint_num_layers,
-        seq_length=s) for s in lengths})
+        seq_length=s, causal=causal) for s in lengths})
     args.model_flops_per_sample_at = MappingProxyType(
-        {s: flops_per_sample(args.model_shape, checkpoint_activations=False, seq_length=s) for s in lengths})
+        {s: flops_per_sample(args.model_shape, checkpoint_activations=False, seq_length=s, causal=causal)
+         for s in lengths})
     return args
 
 
@@ -345,13 +350,14 @@ def parameter_count_mismatches(measured: ParameterCounts, shape: ModelShape) -> 
 def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_parallel_size: int | None = None,
                             checkpoint_activations: bool = False, checkpoint_method: str | None = None,
                             checkpoint_num_layers: int = 1, flops: int | None = None,
-                            sequence_parallel_size: int = 1) -> list[str]:
+                            sequence_parallel_size: int = 1, causal_attention: bool = False) -> list[str]:
     """The startup report, the same from the trainer (measured) and tools/param_count.py
     (analytic). The first two lines keep Megatron-DeepSpeed's wording (scripts grep them).
     `flops`: the FLOPs per sample for these recompute settings where the caller has them (the
     trainer's cache, args.flops_per_sample); computed here otherwise. `sequence_parallel_size`:
     DeepSpeed-Ulysses' SP ranks per replica, which share each sample's FLOPs evenly (s/SP tokens
-    each, and heads/SP of the attention core over all s)."""
+    each, and heads/SP of the attention core over all s). `causal_attention`: the FLOPs convention
+    (--flops-attention causal), stated in a line before the FLOPs."""
     tp, pp, sp = shape.tensor_model_parallel_size, shape.pipeline_model_parallel_size, sequence_parallel_size
     dp = f" DP={data_parallel_size}" if data_parallel_size else ""
     dp += f" SP={sp}" if sp > 1 else ""
@@ -374,7 +380,9 @@ def format_parameter_report(counts: ParameterCounts, shape: ModelShape, data_par
         recompute = (f", recompute of the first {checkpoint_num_layers} layer(s) of each stage"
                      if checkpoint_method == "block" else ", recompute")
     if flops is None:
-        flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers)
+        flops = flops_per_sample(shape, checkpoint_activations, checkpoint_method, checkpoint_num_layers,
+                                 causal=causal_attention)
+    lines.append(flops_convention_line(causal_attention))  # before the numbers it describes
     lines.append(f"FLOPs per sample (model, fwd+bwd{recompute}): {flops:,}")
     if sp > 1:
         lines.append(f"FLOPs per sample per SP rank (DeepSpeed-Ulysses, SP={sp}): {flops // sp:,}")

@@ -109,8 +109,9 @@ def _training_setup(args: argparse.Namespace) -> TrainingSetup:
 def report(args: argparse.Namespace) -> list[str]:
     shape = args.model_shape
     counts = analytic_parameter_counts(shape)
+    causal = args.flops_attention == "causal"  # the FLOPs convention, stated in the report
     flops = flops_per_sample(shape, args.checkpoint_activations, args.activations_checkpoint_method,
-                             args.checkpoint_num_layers)
+                             args.checkpoint_num_layers, causal=causal)
     lines = [
         f"parameters: {counts.total:,}",
         f"parameters without embeddings: {counts.no_embedding:,}",
@@ -122,7 +123,7 @@ def report(args: argparse.Namespace) -> list[str]:
     ] + format_parameter_report(counts, shape, checkpoint_activations=args.checkpoint_activations,
                                 checkpoint_method=args.activations_checkpoint_method,
                                 checkpoint_num_layers=args.checkpoint_num_layers, flops=flops,
-                                sequence_parallel_size=args.ds_sequence_parallel_size)
+                                sequence_parallel_size=args.ds_sequence_parallel_size, causal_attention=causal)
     if args.global_batch_size:
         lines.append(f"FLOPs per iteration (global batch {args.global_batch_size}): {flops * args.global_batch_size:,}")
     return lines + format_memory_report(shape, args.memory_setup) + split_comparison_lines(shape, args.memory_setup)

@@ -146,6 +146,10 @@ def _add_regularization_args(parser):
 
 def _add_training_args(parser):
     g = parser.add_argument_group("training")
+    # ours (Megatron-LM has no flag: it always counts causal attention at half its s^2 terms)
+    g.add_argument("--flops-attention", choices=["full", "causal"], default="full",
+                   help="the FLOPs convention of every FLOPs number (log, TensorBoard, MFU, --log-progress): "
+                        "attention's s^2 terms in full (the forks') or halved for the causal mask (Megatron-LM's)")
     g.add_argument("--micro-batch-size", type=int, default=None)
     g.add_argument("--global-batch-size", type=int, default=None)
     g.add_argument("--rampup-batch-size", nargs="*", default=None,
@@ -202,7 +206,16 @@ def _add_learning_rate_args(parser):
     g = parser.add_argument_group("learning rate")
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine"], default="linear")
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "WSD"], default="linear")
+    # Megatron-LM's WSD: the cool-down's shape and length (the last part of the decay length)
+    g.add_argument("--lr-wsd-decay-style", choices=["exponential", "linear", "cosine", "minus_sqrt"],
+                   default="exponential", help="WSD: the cool-down's shape")
+    g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
+                   help="WSD: the cool-down's length in iterations (with --train-iters)")
+    g.add_argument("--lr-wsd-decay-samples", type=int, default=None,
+                   help="WSD: the cool-down's length in samples (with --train-samples)")
+    g.add_argument("--lr-wsd-decay-tokens", type=int, default=None,
+                   help="WSD: the cool-down's length in tokens (ours; token mode, as --lr-decay-tokens)")
     g.add_argument("--lr-decay-iters", type=int, default=None)
     g.add_argument("--lr-decay-samples", type=int, default=None)
     g.add_argument("--lr-warmup-fraction", type=float, default=None)
@@ -322,6 +335,17 @@ def _add_logging_args(parser):
     g.add_argument("--tensorboard-queue-size", type=int, default=1000)
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
     g.add_argument("--log-timers-to-tensorboard", action="store_true")
+    g.add_argument("--timing-log-option", choices=["max", "minmax", "all"], default=None,
+                   help="Megatron-LM: every rank's iteration time at each log line: the max, (min, max) or each "
+                        "rank's, with the slowest rank named (default: not gathered)")
+    # both forks and Megatron-LM: the TensorBoard scalars also to Weights & Biases (the last rank's)
+    g.add_argument("--wandb-project", type=str, default="", help="the W&B project; empty: no W&B (the default)")
+    g.add_argument("--wandb-exp-name", type=str, default="", help="the W&B run's name (needed with --wandb-project)")
+    g.add_argument("--wandb-save-dir", type=str, default="",
+                   help="where W&B writes its files locally (default: --save/wandb)")
+    g.add_argument("--log-progress", action="store_true",
+                   help="Megatron-LM: progress.txt in --save, a line per job start and per checkpoint with the "
+                        "throughput, FLOPs and tokens so far")
     g.add_argument("--log-batch-size-to-tensorboard", action="store_true")
     g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true")
     # the forks' switches (tags as in Microsoft's training_log): the loss scale is on by default

@@ -32,20 +32,21 @@ NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
     "--openai-gelu": ("bmal", ""),
     "--squared-relu": ("mal", ""),
     # engineer h
-    "--log-progress": ("l", ""),
-    "--lr-wsd-decay-iters": ("l", "1"),
-    "--lr-wsd-decay-samples": ("l", "1"),
-    "--lr-wsd-decay-style": ("l", "1"),
-    "--timing-log-option": ("mal", "1"),
     "--wandb-entity": ("L", "1"),
-    "--wandb-exp-name": ("mal", "1"),
-    "--wandb-project": ("mal", "1"),
-    "--wandb-save-dir": ("mal", "1"),
-    # and h's FLOPs-convention flag, once its spelling is chosen
 }
 
 ROWS: tuple[Row, ...] = (
     # --- implemented -----------------------------------------------------------------------------------------
+    Row("--log-progress", "l", IMPLEMENTED),
+    Row("--lr-wsd-decay-iters", "l", IMPLEMENTED),
+    Row("--lr-wsd-decay-samples", "l", IMPLEMENTED),
+    Row("--lr-wsd-decay-style", "l", IMPLEMENTED),
+    Row("--timing-log-option", "mal", IMPLEMENTED),
+    Row("--wandb-exp-name", "mal", IMPLEMENTED),
+    Row("--wandb-project", "mal", IMPLEMENTED),
+    Row("--wandb-save-dir", "mal", IMPLEMENTED),
+    Row("--flops-attention", "", IMPLEMENTED),
+    Row("--lr-wsd-decay-tokens", "", IMPLEMENTED),
     Row("--distributed-timeout-minutes", "mal", IMPLEMENTED),
     Row("--end-weight-decay", "mal", IMPLEMENTED),
     Row("--exit-on-missing-checkpoint", "mal", IMPLEMENTED),

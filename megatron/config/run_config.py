@@ -20,7 +20,7 @@ from megatron.model.shape import ModelShape
 from megatron.runtime.parallel_layout import ParallelLayout
 from megatron.runtime.precision import Precision
 from megatron.schedules.curriculum import CurriculumSchedule
-from megatron.schedules.learning_rates import schedule_lengths, weight_decay_samples
+from megatron.schedules.learning_rates import schedule_lengths, weight_decay_samples, wsd_decay_lengths
 from megatron.schedules.microbatches import train_samples
 
 if TYPE_CHECKING:  # torch-free at import: tools/param_count.py validates flags without it
@@ -80,6 +80,9 @@ class LRSchedule:
     tokens_per_sample: int
     use_checkpoint_scheduler: bool  # --use-checkpoint-opt_param-scheduler
     override_scheduler: bool        # --override-opt_param-scheduler
+    wsd_decay_samples: int | None = None  # WSD's cool-down (--lr-wsd-decay-iters x the batch / -samples)
+    wsd_decay_tokens: int | None = None   # --lr-wsd-decay-tokens
+    wsd_decay_style: str = "exponential"  # --lr-wsd-decay-style
     # Megatron's weight-decay increment over the run's samples (--start/--end-weight-decay,
     # --weight-decay-incr-style; constant: --weight-decay at both ends)
     start_wd: float | None = None
@@ -90,8 +93,10 @@ class LRSchedule:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "LRSchedule":
         (warmup, decay), (warmup_tokens, decay_tokens) = schedule_lengths(args)
+        wsd_samples, wsd_tokens = wsd_decay_lengths(args)
         return cls(args.lr, args.min_lr, args.lr_decay_style, warmup, decay, warmup_tokens, decay_tokens,
                    args.seq_length, args.use_checkpoint_opt_param_scheduler, args.override_opt_param_scheduler,
+                   wsd_samples, wsd_tokens, args.lr_wsd_decay_style,
                    args.start_weight_decay, args.end_weight_decay, weight_decay_samples(args),
                    args.weight_decay_incr_style)
 

@@ -29,7 +29,8 @@ def _int(text, flag):
 POSITIVE = ("--micro-batch-size", "--global-batch-size", "--train-iters", "--train-samples", "--exit-interval",
             "--exit-duration-in-mins", "--checkpoint-num-layers", "--activations-checkpoint-num-layers",
             "--lr-decay-iters", "--lr-decay-samples", "--save-interval", "--eval-interval", "--train-tokens",
-            "--lr-decay-tokens", "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
+            "--lr-decay-tokens", "--lr-wsd-decay-iters", "--lr-wsd-decay-samples", "--lr-wsd-decay-tokens",
+            "--log-interval", "--tensorboard-queue-size", "--tensorboard-log-interval",
             "--ds-sequence-parallel-size", "--adam-eps", "--layernorm-epsilon", "--init-method-std",
             "--word-embedding-init-std", "--loss-scale", "--initial-loss-scale", "--min-loss-scale",
             "--loss-scale-window", "--hysteresis", "--distributed-timeout-minutes")
@@ -292,6 +293,49 @@ def _validate_training_length(args):
         _require(warmup_tokens < decay_tokens,
                  f"the warmup ({warmup_tokens} tokens) must end before the decay ({decay_tokens} tokens) does: "
                  f"lower --lr-warmup-tokens or raise --lr-decay-tokens")
+    _validate_wsd(args, warmup, decay, warmup_tokens, decay_tokens)
+    _validate_wandb(args)
+    _require(not args.log_progress or args.save,
+             "--log-progress writes progress.txt into the --save directory: add --save DIR or drop it")
+
+
+def _validate_wandb(args):
+    """--wandb-project: a run name, a local directory, and the optional `wandb` package."""
+    if not args.wandb_project:
+        return
+    _require(args.wandb_exp_name, f"--wandb-project {args.wandb_project} needs --wandb-exp-name NAME (the run's name)")
+    _require(args.wandb_save_dir or args.save,
+             "--wandb-project writes its files into --wandb-save-dir (default --save/wandb): give one of them")
+    import importlib.util
+    _require(importlib.util.find_spec("wandb") is not None,
+             "--wandb-project needs the wandb package: pip install -e '.[wandb]' (or drop --wandb-project)")
+
+
+def _validate_wsd(args, warmup, decay, warmup_tokens, decay_tokens):
+    """WSD needs its cool-down length in the unit the run counts in (Megatron-LM's rule), and the
+    cool-down must fit between the warmup's end and the decay length's."""
+    from megatron.schedules.learning_rates import wsd_decay_lengths
+    given = [f for f in ("--lr-wsd-decay-iters", "--lr-wsd-decay-samples", "--lr-wsd-decay-tokens")
+             if getattr(args, _dest(f)) is not None]
+    if args.lr_decay_style != "WSD":
+        _require(not given, f"{given[0] if given else ''} is WSD's cool-down: add --lr-decay-style WSD or drop it")
+        return
+    unit = "--lr-wsd-decay-iters" if args.train_iters is not None else "--lr-wsd-decay-samples"
+    other = "--lr-wsd-decay-samples" if args.train_iters is not None else "--lr-wsd-decay-iters"
+    _require(other not in given, f"{other} does not go with --train-{'iters' if args.train_iters else 'samples'}: "
+                                 f"give the WSD cool-down with {unit} (or --lr-wsd-decay-tokens)")
+    samples, tokens = wsd_decay_lengths(args)
+    _require(samples is not None or tokens is not None,
+             f"--lr-decay-style WSD needs its cool-down length: {unit} (or --lr-wsd-decay-tokens)")
+    if tokens is not None or warmup_tokens is not None or decay_tokens is not None:  # token mode
+        seq = args.seq_length
+        length, room, what = (tokens if tokens is not None else samples * seq,
+                              (decay_tokens if decay_tokens is not None else decay * seq)
+                              - (warmup_tokens if warmup_tokens is not None else warmup * seq), "tokens")
+    else:
+        length, room, what = samples, decay - warmup, "samples"
+    _require(length <= room, f"the WSD cool-down ({length} {what}) is longer than the decay after the warmup "
+                             f"({room} {what}): shorten {unit} or lengthen the decay")
 
 
 def _validate_precision(args, cuda_available):

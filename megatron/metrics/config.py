@@ -3,11 +3,12 @@ the TensorBoard scalars, the memory report and MFU read, built once from the fla
 initialize_megatron (RunConfig.from_args) and frozen. The parameter counts and FLOPs per sample
 are not here: they are known once the model is built, and the mission caches them on `args`
 (megatron/utils.py), where the logger reads them."""
+import os
 from argparse import Namespace
 from dataclasses import dataclass
 
 from megatron.metrics.memory import TrainingSetup
-from megatron.metrics.mfu import MfuSettings, resolve_mfu
+from megatron.metrics.mfu import MfuSettings, resolve_mfu, with_flops_convention
 from megatron.model.shape import ModelShape
 
 
@@ -34,6 +35,15 @@ class LoggingConfig:
     log_loss_scale_to_tensorboard: bool = True
     log_memory_to_tensorboard: bool = False
     log_world_size_to_tensorboard: bool = False
+    timing_log_option: str | None = None  # --timing-log-option: every rank's iteration time (rank_timing.py)
+    log_progress: bool = False            # --log-progress: progress.txt in --save (progress_log.py)
+    # --wandb-project / --wandb-exp-name / --wandb-save-dir: the same scalars to W&B, from the rank that
+    # writes TensorBoard (the last); its run config: the flags' plain values
+    writes_wandb: bool = False
+    wandb_project: str = ""
+    wandb_exp_name: str = ""
+    wandb_dir: str = ""
+    wandb_config: tuple = ()
 
     @classmethod
     def from_args(cls, args: Namespace) -> "LoggingConfig":
@@ -47,9 +57,17 @@ class LoggingConfig:
                    log_validation_ppl_to_tensorboard=args.log_validation_ppl_to_tensorboard,
                    log_params_norm=args.log_params_norm, log_num_zeros_in_grad=args.log_num_zeros_in_grad,
                    log_optimizer_states_to_tensorboard=args.log_optimizer_states_to_tensorboard,
+                   log_progress=args.log_progress, timing_log_option=args.timing_log_option,
+                   writes_wandb=bool(args.wandb_project) and args.rank == args.world_size - 1,
+                   wandb_project=args.wandb_project, wandb_exp_name=args.wandb_exp_name,
+                   wandb_dir=args.wandb_save_dir or (os.path.join(args.save, "wandb") if args.save else ""),
+                   wandb_config=tuple((k, v) for k, v in sorted(vars(args).items())
+                                      if isinstance(v, (bool, int, float, str, type(None)))),
                    world_size=args.world_size, data_parallel_size=args.data_parallel_size,
                    seq_length=args.seq_length, model_shape=args.model_shape,
-                   memory=TrainingSetup.from_args(args), mfu=resolve_mfu(precision, args.peak_tflops),
+                   memory=TrainingSetup.from_args(args),
+                   mfu=with_flops_convention(resolve_mfu(precision, args.peak_tflops),
+                                             causal=args.flops_attention == "causal"),
                    log_loss_scale_to_tensorboard=args.log_loss_scale_to_tensorboard,
                    log_memory_to_tensorboard=args.log_memory_to_tensorboard,
                    log_world_size_to_tensorboard=args.log_world_size_to_tensorboard)

@@ -85,6 +85,15 @@ def resolve_mfu(precision: str, peak_tflops: float | None, device_name: str | No
     return MfuSettings(peak, why)
 
 
+def with_flops_convention(mfu: MfuSettings, causal: bool) -> MfuSettings:
+    """The startup line also says which FLOPs convention MFU's model FLOPs use (--flops-attention)."""
+    if mfu.peak_tflops_per_device is None:
+        return mfu
+    convention = ("attention's s^2 terms halved for the causal mask (Megatron-LM's convention)" if causal else
+                  "attention's s^2 terms in full (both forks' convention)")
+    return MfuSettings(mfu.peak_tflops_per_device, f"{mfu.reason}; model FLOPs with {convention}")
+
+
 def interval_mfu(model_flops_per_sample: float, samples: int, elapsed: float, world_size: int,
                  peak_tflops: float | None) -> float | None:
     """The logger's MFU over an interval, or None without a peak (MfuSettings.reason says why)."""

@@ -15,17 +15,24 @@ from megatron.metrics.grad_stats import ZeroCounter, params_norm
 from megatron.metrics.memory_measure import MemoryProbe, finish_memory_probe, startup_report
 from megatron.metrics.optimizer_states import log_optimizer_states, optimizer_state_norms
 from megatron.metrics.training_log import IntervalStats, NoWriter, evaluation_log, log_model_size, training_log
+from megatron.metrics.wandb_writer import WandbWriter, Writers
 from megatron.runtime.deepspeed_internals import current_loss_scale
 from megatron.schedules.progress import TrainingProgress
 
 
 def open_tensorboard_writer(config: LoggingConfig) -> Any:
     """A SummaryWriter on the rank that writes TensorBoard (the last: it sees the loss under
-    pipeline parallelism), a NoWriter elsewhere and without --tensorboard-dir."""
-    if not config.writes_tensorboard:
+    pipeline parallelism), a NoWriter elsewhere and without --tensorboard-dir; with --wandb-project,
+    the same scalars to W&B from that rank too (megatron/metrics/wandb_writer.py)."""
+    writers: list[Any] = []
+    if config.writes_tensorboard:
+        from torch.utils.tensorboard import SummaryWriter  # only runs that write TensorBoard pay for it
+        writers.append(SummaryWriter(log_dir=config.tensorboard_dir, max_queue=config.tensorboard_queue_size))
+    if config.writes_wandb:
+        writers.append(WandbWriter(config))
+    if not writers:
         return NoWriter()
-    from torch.utils.tensorboard import SummaryWriter  # only runs that write TensorBoard pay for it
-    return SummaryWriter(log_dir=config.tensorboard_dir, max_queue=config.tensorboard_queue_size)
+    return writers[0] if len(writers) == 1 else Writers(writers)
 
 
 class MetricsProcessor:

@@ -15,6 +15,7 @@ import torch
 from megatron import print_rank_last
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.mfu import interval_mfu
+from megatron.metrics.rank_timing import timing_lines, write_timing
 from megatron.schedules.progress import TrainingProgress
 
 
@@ -55,6 +56,10 @@ def log_model_size(writer: Any, cache: Namespace, is_moe: bool, report_lines: li
         writer.add_scalar("model/parameters active without embeddings", cache.parameters_active_no_embedding, 0)
     # indented: TensorBoard renders text as markdown, and a code block keeps the table's columns
     writer.add_text("model/parameters (exact)", "\n".join("    " + line for line in report_lines), 0)
+    # which FLOPs convention every FLOPs scalar uses (the report's line, megatron/model/analytic.py)
+    for line in report_lines:
+        if line.startswith("FLOPs convention: "):
+            writer.add_text("model/FLOPs convention", line, 0)
 
 
 @dataclass
@@ -115,7 +120,8 @@ def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: In
                  progress: TrainingProgress, *, lr: float, grad_norm: float | torch.Tensor | None,
                  loss_scale: float | None, global_batch_size: int, total_iterations: int,
                  params_norm: float | None = None, num_zeros: int | None = None,
-                 curriculum_seqlen: int | None = None, memory_stats: Mapping[str, int] | None = None) -> None:
+                 curriculum_seqlen: int | None = None, memory_stats: Mapping[str, int] | None = None,
+                 rank_times: list[float] | None = None) -> None:
     """The line over `stats`' iterations, `elapsed` seconds of training steps; total_iterations:
     the run's length (the Trainer's); params_norm / num_zeros: --log-params-norm /
     --log-num-zeros-in-grad (the fork's tags and fields); curriculum_seqlen: the length the last
@@ -190,6 +196,9 @@ def training_log(writer: Any, config: LoggingConfig, cache: Namespace, stats: In
     if mfu is not None:
         line += f" MFU: {100 * mfu:.2f}% |"
     print_rank_last(line)
+    if rank_times is not None and config.timing_log_option is not None:
+        print_rank_last(timing_lines(config.timing_log_option, rank_times))
+        write_timing(writer, config.timing_log_option, rank_times, it)
 
 
 def evaluation_log(writer: Any, config: LoggingConfig, prefix: str, loss: float, progress: TrainingProgress,

@@ -401,7 +401,7 @@ def recomputed_layers(shape: ModelShape, method: str | None, num_layers: int) ->
 
 
 def flops_per_sample(shape: ModelShape, checkpoint_activations: bool, method: str | None = None,
-                     num_layers: int = 1, seq_length: int | None = None) -> int:
+                     num_layers: int = 1, seq_length: int | None = None, causal: bool = False) -> int:
     """Model FLOPs of one training sample (forward + backward), Narayanan et al. 2021 eq. 3
     generalised per component (a query heads, g key/value heads, head dim d, ffn size f). Per
     layer, forward: QKV 2sh(ad + 2gd), attention scores and context 2 x 2s^2 ad, output
@@ -411,21 +411,36 @@ def flops_per_sample(shape: ModelShape, checkpoint_activations: bool, method: st
     3 for all of them with the uniform method, the default of `checkpoint_activations=True`; for
     the first `num_layers` of each stage with method "block"). The logit layer 2shV, tied or not,
     is never recomputed (factor 3). Elementwise work (norms, activations, softmax, biases, rotary,
-    ALiBi) is ignored and causal attention is counted as dense, as the kernels compute it.
+    ALiBi) is ignored and causal attention is counted as dense, as the kernels compute it and both
+    forks count it; `causal=True` halves the attention's s^2 terms (scores and context) for the causal
+    mask, as Megatron-LM counts them (--flops-attention causal; FLOPS_CONVENTIONS).
     `seq_length`: a sample of that many tokens (a curriculum's shorter ones; the model's pipeline
     split and its recomputed layers stay those of the shape), default the shape's --seq-length."""
-    per_layer = layer_forward_flops(shape, seq_length)
+    per_layer = layer_forward_flops(shape, seq_length, causal)
     method = (method or "uniform") if checkpoint_activations else None
     recompute = sum(per_layer[i] for i in recomputed_layers(shape, method, num_layers))
     return 3 * sum(per_layer) + recompute + 3 * logits_forward_flops(shape, seq_length)
 
 
-def layer_forward_flops(shape: ModelShape, seq_length: int | None = None) -> list[int]:
+# what a FLOPs number counts of attention's s^2 terms: --flops-attention's values, said wherever one is shown
+FLOPS_CONVENTIONS = {
+    "full": "attention's s^2 terms in full (as both Megatron-DeepSpeed forks count them; "
+            "--flops-attention causal halves them as Megatron-LM does)",
+    "causal": "attention's s^2 terms halved for the causal mask (Megatron-LM's count, --flops-attention causal; "
+              "both Megatron-DeepSpeed forks count them in full)",
+}
+
+
+def flops_convention_line(causal: bool) -> str:
+    return "FLOPs convention: " + FLOPS_CONVENTIONS["causal" if causal else "full"]
+
+
+def layer_forward_flops(shape: ModelShape, seq_length: int | None = None, causal: bool = False) -> list[int]:
     """Forward FLOPs per sample of each transformer layer (see flops_per_sample)."""
     s, h = seq_length or shape.seq_length, shape.hidden_size
     a, g, d = shape.num_attention_heads, shape.num_key_value_heads, shape.kv_channels
     qkv = 2 * s * h * (a * d + 2 * g * d)
-    attention = 4 * s * s * a * d
+    attention = 4 * s * s * a * d // (2 if causal else 1)
     projection = 2 * s * a * d * h
     return [qkv + attention + projection + mlp for mlp in mlp_forward_flops(shape, s)]
 

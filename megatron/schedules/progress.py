@@ -10,6 +10,9 @@ class TrainingProgress:
     consumed_valid_samples: int = 0
     consumed_train_tokens: int = 0    # samples x the length trained (--seq-length or a curriculum's)
     gigaflos_no_embeds: float = 0.0   # C = 6 N D so far (N without embeddings), in 1e9 FLOPs
+    # the model's FLOPs so far (no recompute; the cached FLOPs per sample x samples, at each iteration's
+    # length): Megatron-LM's num_floating_point_operations_so_far, what --log-progress writes
+    floating_point_operations: int = 0
     skipped_iterations: int = 0       # fp16 steps whose update was skipped (gradient overflow)
     last_saved_iteration: int | None = None
     # --check-for-spiky-loss's reference (megatron/training/loss_check.py): how many of the run's

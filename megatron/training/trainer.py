@@ -17,7 +17,9 @@ import torch
 from megatron import mpu, print_rank_0
 from megatron.checkpoint.manager import CheckpointManager, set_rng_state
 from megatron.config.run_config import ExitSettings, LRSchedule, RunConfig
+from megatron.metrics import progress_log
 from megatron.metrics.processor import MetricsProcessor
+from megatron.metrics.rank_timing import gather_rank_times
 from megatron.metrics.split_comparison import split_comparison_lines
 from megatron.metrics.training_log import IntervalStats
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
@@ -137,6 +139,7 @@ class Trainer:
         # the iteration whose update made the weights now trained on (the start's, before the first):
         # the checkpoints saved from there on hold the weights a bad loss came from
         self.weights_iteration = 0
+        self.job_start_operations = 0  # the model FLOPs done when this job started (after --load)
         self.loss_stop: tuple[str, str] | None = None  # a loss check's stop line, before and after the trackers
         # owns the TensorBoard writer; reads the counts and FLOPs cached on args once the model is built
         self.metrics = MetricsProcessor(config.logging, cache=args)
@@ -179,7 +182,8 @@ class Trainer:
         report = format_parameter_report(self.counts, self.shape, self.parallel.data_parallel_size,
                                          self.config.recompute.checkpoint_activations, self.config.recompute.method,
                                          self.config.recompute.num_layers, flops=args.flops_per_sample,
-                                         sequence_parallel_size=self.parallel.sequence_parallel_size)
+                                         sequence_parallel_size=self.parallel.sequence_parallel_size,
+                                         causal_attention=args.flops_attention == "causal")
         for line in report:
             print_rank_0(line)
         if self.curriculum:
@@ -266,7 +270,9 @@ class Trainer:
 
     def _run(self, dataset_provider: Callable, batch_fn: Callable) -> str:
         progress = self.progress
+        self._log_progress("Starting job")
         rng_state = self.load() if self.checkpointer.config.load else None
+        self.job_start_operations = progress.floating_point_operations  # --log-progress's job throughput
         self.calculator.update(progress.consumed_train_samples)
         self.engine.set_train_batch_size(self.calculator.get_current_global_batch_size())
         self.build_data_iterators(dataset_provider, batch_fn)
@@ -310,6 +316,8 @@ class Trainer:
         # C = 6 N D with N the parameters a token passes through (the active ones of an MoE model;
         # the count the model build cached on args, megatron/utils.py)
         progress.gigaflos_no_embeds += gigaflos_no_embeds(gbs, seq_length, self.args.parameters_active_no_embedding)
+        # the model's FLOPs of this iteration from the FLOPs per sample cached at model build (--log-progress)
+        progress.floating_point_operations += gbs * self.args.model_flops_per_sample_at[seq_length]
         calculator.update(progress.consumed_train_samples)
         self._follow_batch_size(gbs)
         self.hooks.on_step_end(self, loss)
@@ -464,6 +472,8 @@ class Trainer:
         """The iteration's log line and scalars, over the iterations `stats` adds up."""
         lr = self.lr_scheduler.get_lr()
         values = self.metrics.step_values(self.engine)
+        if self.metrics.config.timing_log_option:  # every rank's own time (one all-gather), before the line
+            values["rank_times"] = gather_rank_times(1000.0 * elapsed / stats.iterations)
         self.hooks.on_log_start(self, stats, lr)
         try:
             self.metrics.log_training(stats, elapsed, self.progress, lr=lr, global_batch_size=global_batch_size,
@@ -513,6 +523,16 @@ class Trainer:
         began = time.time()
         self.checkpointer.save(self.engine, self.lr_scheduler, self.progress)
         self.budget.save_took(time.time() - began)
+        progress, save_dir = self.progress, self.checkpointer.config.save
+        if self.metrics.config.log_progress and torch.distributed.get_rank() == 0:
+            self._log_progress(progress_log.checkpoint_line(
+                save_dir, self.parallel.world_size, progress.iteration, progress.floating_point_operations,
+                progress.consumed_train_tokens, self.start_time, self.job_start_operations))
+
+    def _log_progress(self, message: str) -> None:
+        """--log-progress: one line of progress.txt in --save, written by global rank 0."""
+        if self.metrics.config.log_progress and torch.distributed.get_rank() == 0:
+            progress_log.append(self.checkpointer.config.save, self.parallel.world_size, message)
 
     def finish(self, stop: str) -> None:
         """After training: the final validation, save and test evaluation of a finished run, or the
@@ -552,7 +572,9 @@ def _build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) 
                        schedule.decay_style, tokens_per_sample=schedule.tokens_per_sample,
                        warmup_tokens=schedule.warmup_tokens, decay_tokens=schedule.decay_tokens,
                        use_checkpoint_scheduler=schedule.use_checkpoint_scheduler,
-                       override_scheduler=schedule.override_scheduler, start_wd=schedule.start_wd,
+                       override_scheduler=schedule.override_scheduler,
+                       wsd_decay_samples=schedule.wsd_decay_samples, wsd_decay_tokens=schedule.wsd_decay_tokens,
+                       wsd_decay_style=schedule.wsd_decay_style, start_wd=schedule.start_wd,
                        end_wd=schedule.end_wd, wd_incr_samples=schedule.wd_incr_samples,
                        wd_incr_style=schedule.wd_incr_style)
 

@@ -41,6 +41,9 @@ $DRIVER_OUT/rank{R}.json:
     iteration N+1's loss shows;
   * with DRIVER_SPIKY_SAMPLES=S: --check-for-spiky-loss's reference is the largest of the first S
     losses instead of 100 (Trainer.spiky_loss_samples), so that a short run can spike;
+  * with DRIVER_SLOW_RANK=R:S: rank R sleeps S seconds at the end of each of its training steps,
+    inside the timed iteration and after the step's last collective (a straggler, for
+    --timing-log-option to name); its `step_times` include the sleep;
   * a run stopped by a loss check (pretrain_gpt.py's exit code 3) still writes its rank{R}.json:
     what the hooks recorded, and `stopped` (the code).
 """
@@ -167,6 +170,9 @@ class Recorder(TrainerHooks):
             with torch.no_grad():
                 for param in trainer.engine.module.parameters():
                     param.mul_(float(factor))
+        slow_rank, _, seconds = os.environ.get("DRIVER_SLOW_RANK", "-1:0").partition(":")
+        if trainer.args.rank == int(slow_rank):
+            time.sleep(float(seconds))
         state["step_times"][trainer.progress.iteration][1] = time.time()
 
     def on_log_start(self, trainer, stats, lr):

@@ -281,6 +281,8 @@ def test_report_of_the_dense_model():
         "  attention           | 8,448",
         "  mlp                 | 16,704",
         "  layernorm           | 320",
+        "FLOPs convention: attention's s^2 terms in full (as both Megatron-DeepSpeed forks count them; "
+        "--flops-attention causal halves them as Megatron-LM does)",
         f"FLOPs per sample (model, fwd+bwd): {flops:,}",
     ]
     assert flops == 2_949_120
