@@ -22,7 +22,6 @@ NO_EFFECT = {
     "--use-flash-attn-v2": "attention is exact either way",
     "--use-flash-attn-triton": "attention is exact either way",
     "--use-flash-attn-builder": "attention is exact either way",
-    "--no-query-key-layer-scaling": "query-key layer scaling is never applied here",
     "--timing-log-level": "one timer, the iteration time, is reported at every level",
     "--no-load-lr-state": "Microsoft's fork defines it but never reads it: the LR state loads as without it",
     "--dataloader-type": "single (the forks' GPT default) is what runs; cyclic is refused",
