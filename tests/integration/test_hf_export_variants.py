@@ -168,6 +168,16 @@ def test_export_at_a_non_default_epsilon_computes_our_logits(saved, name, tmp_pa
         theirs = model(TOKENS).logits
     assert theirs.shape == ours[name].shape
     assert torch.allclose(theirs, ours[name], rtol=0, atol=tolerance), (theirs - ours[name]).abs().max()
+    # the activation transformers runs is Megatron's (at this size erf and tanh GeLU differ by less
+    # than the logits' tolerance): on a grid, against the formulas
+    x = torch.linspace(-6, 6, 1201)
+    act = transformers.activations.ACT2FN[getattr(model.config, "activation_function", None)
+                                          or getattr(model.config, "hidden_act", None) or "gelu"]
+    want = {"--openai-gelu": 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3))),
+            "--squared-relu": torch.clamp(x, min=0) ** 2}
+    for flag, values in want.items():
+        if flag in EXPORTS[name][0] and cls != "BloomForCausalLM":  # BLOOM's GeLU is fixed: tanh
+            torch.testing.assert_close(act(x), values, rtol=0, atol=1e-6)
     # the epsilon matters here: at the default the logits are far outside the tolerance
     default = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", **{field: 1e-5}).eval()
     with torch.no_grad():
