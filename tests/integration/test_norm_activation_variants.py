@@ -229,3 +229,37 @@ def test_the_layout_records_the_variants_and_refuses_another():
                                                 ("apply_residual_connection_post_layernorm", True, False),
                                                 ("apply_layernorm_1p", True, False)]
 
+
+
+VARIANT_FLAGS = ["--apply-residual-connection-post-layernorm", "--apply-layernorm-1p", "--squared-relu",
+                 "--init-method-xavier-uniform", "--fp32-residual-connection", "--no-query-key-layer-scaling"]
+
+
+def test_bf16_pp2_launch_with_the_variants_counts_trains_and_refuses_another_variant(tmp_path):
+    """deepspeed, 2 ranks at PP=2, --bf16 with ZeRO 1: the fp32 residual stream crosses the stage
+    boundary, the softmax runs in bf16; the count is the analytic table's and the TP=1 PP=1
+    model's numel (the variants add no parameter); a run without --squared-relu refuses the
+    checkpoint before building a model, naming the activation."""
+    from megatron.config.arguments import parse_args
+    from megatron.config.validation import validate_args
+    from tests.support.launcher import TINY, launch, losses
+    flags = TINY + ["--bf16", "--zero-stage", "1", "--pipeline-model-parallel-size", "2", "--global-batch-size", "4",
+                    "--train-iters", "4", "--save", str(tmp_path / "ckpt"), "--save-interval", "4"] + VARIANT_FLAGS
+    proc, ranks = launch(2, flags, str(tmp_path / "run"))
+    import dataclasses
+    shape = dataclasses.replace(validate_args(parse_args(args_list=flags), world_size=2, cuda_available=False)
+                                .model_shape, vocab_size=600)
+    expected = analytic_parameter_counts(shape)
+    plain = dataclasses.replace(shape, apply_residual_connection_post_layernorm=False, apply_layernorm_1p=False,
+                                activation="gelu")
+    assert expected == analytic_parameter_counts(plain)
+    assert [ranks[r]["parameters"] for r in (0, 1)] == [expected.total] * 2
+    assert "architecture: learned positions, squared_relu ffn 256, layernorm 1p, post-norm residuals, 4 heads, " \
+           "tied\n" in proc.stdout
+    curve = losses(proc.stdout)
+    assert sorted(curve) == [1, 2, 3, 4] and all(math.isfinite(v) for v in curve.values())
+    again = [f for f in flags if f != "--squared-relu"] + ["--load", str(tmp_path / "ckpt")]
+    proc, _ = launch(2, again, str(tmp_path / "other"), check=False)
+    assert proc.returncode == 2
+    assert "activation: saved squared_relu vs now gelu" in proc.stdout
+    assert "model parameters (exact)" not in proc.stdout
