@@ -79,14 +79,11 @@ class GPTConfig:
 
 
 def softmax_in_fp32(args: Namespace) -> bool:
-    """Megatron-DeepSpeed's rule: the softmax runs in fp32 with --attention-softmax-in-fp32 or with
-    query-key layer scaling (on by default; --no-query-key-layer-scaling turns it off), and in the
-    activations' dtype otherwise. Flash attention (--use-flash-attn*) accumulates its softmax in
-    fp32 whatever the flags say."""
-    flash = any(getattr(args, name, False) for name in ("use_flash_attn", "use_flash_attn_v1", "use_flash_attn_v2",
-                                                        "use_flash_attn_triton", "use_flash_attn_builder"))
+    """Megatron-DeepSpeed's rule (CoreAttention): the softmax runs in fp32 with
+    --attention-softmax-in-fp32 or with query-key layer scaling (on by default;
+    --no-query-key-layer-scaling turns it off), and in the activations' dtype otherwise."""
     scaling = getattr(args, "apply_query_key_layer_scaling", True)
-    return bool(getattr(args, "attention_softmax_in_fp32", False) or scaling or flash)
+    return bool(getattr(args, "attention_softmax_in_fp32", False) or scaling)
 
 
 def word_embedding_init_std(args: Namespace) -> float | None:

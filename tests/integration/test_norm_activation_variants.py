@@ -193,7 +193,6 @@ def test_flags_give_the_variants_and_their_rules():
     # Megatron-DeepSpeed: query-key layer scaling is on by default and forces an fp32 softmax
     for flags, fp32 in (([], True), (["--no-query-key-layer-scaling"], False),
                         (["--no-query-key-layer-scaling", "--attention-softmax-in-fp32"], True),
-                        (["--no-query-key-layer-scaling", "--use-flash-attn-v2"], True),
                         (["--apply-query-key-layer-scaling"], True)):
         assert softmax_in_fp32(validated(flags)) is fp32, flags
     for flags, message in (
