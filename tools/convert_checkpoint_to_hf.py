@@ -31,10 +31,23 @@ if TYPE_CHECKING:  # torch and the reader load after the bad-input checks
     Weights = dict[tuple[int, str], torch.Tensor]
     Export = tuple[str, dict[str, Any], dict[str, torch.Tensor]]
 
-def _variant_differences(checkpoint, expected):
-    """{field: saved value} where the checkpoint's architecture variant differs from `expected`."""
+# Variant fields no transformers target represents (at any value but GPT-2's): refused before any
+# target is tried. --apply-residual-connection-post-layernorm: every target adds the norms' inputs.
+UNREPRESENTED = ("apply_residual_connection_post_layernorm",)
+# Converted exactly wherever they occur, so no target's match looks at them: --apply-layernorm-1p
+# (every norm's weight + 1 is transformers' gamma, _hf_state_dict); the MLP activation is matched
+# by each target that has one (ACTIVATIONS_BY_NAME)
+CONVERTED = ("apply_layernorm_1p", "activation")
+# our activation -> transformers' name (ACT2FN), for the targets with a configurable activation;
+# torch's tanh GeLU is Megatron's openai_gelu
+ACTIVATIONS_BY_NAME = {"gelu": "gelu", "openai_gelu": "gelu_pytorch_tanh", "squared_relu": "relu2"}
+
+
+def _variant_differences(checkpoint, expected, ignored=CONVERTED):
+    """{field: saved value} where the checkpoint's architecture variant differs from `expected`
+    (fields in `ignored` left out)."""
     saved = checkpoint.shape.variant()
-    return {k: v for k, v in saved.items() if expected.get(k) != v}
+    return {k: v for k, v in saved.items() if expected.get(k) != v and k not in ignored}
 
 
 # --- our parameter-table entries -> transformers names ------------------------------------------
@@ -76,6 +89,9 @@ def _hf_state_dict(checkpoint: "Checkpoint", weights: "Weights", names: dict[tup
             continue
         index = {"i": spec.layer - 1} if where == "layer" else {}
         tensor = weights[(spec.layer, spec.key)]
+        if shape.apply_layernorm_1p and spec.component in ("layernorm", "embedding_layernorm") \
+                and suffix == "weight":
+            tensor = tensor + 1  # --apply-layernorm-1p stores gamma - 1
         parts = fused_parts(spec, shape, tensor)
         if isinstance(target, dict):
             pieces = {target[part].format(**index): t for part, t in parts.items()}
@@ -116,13 +132,15 @@ GPT2_NAMES = {("embedding", "word_embeddings"): "transformer.wte",
 def _gpt2_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     """GPT2LMHeadModel. HF's c_attn is a Conv1D (weight [in, out]) whose output columns are
     [q | k | v]; our Linear weights are [out, in]: every projection is transposed. GeLU is the
-    exact erf form ("gelu"), LayerNorms come before attention and MLP (pre-LN), as in GPT-2."""
+    exact erf form ("gelu"; --openai-gelu: "gelu_pytorch_tanh", --squared-relu: "relu2"), LayerNorms
+    come before attention and MLP (pre-LN), as in GPT-2."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L, h, heads = shape.num_layers, shape.hidden_size, shape.num_attention_heads
     sd = _hf_state_dict(checkpoint, weights, GPT2_NAMES, "GPT2LMHeadModel", transpose_linear=True)
     eod = info.get("eod_id")
     config = dict(vocab_size=shape.padded_vocab_size, n_positions=shape.max_position_embeddings, n_embd=h,
-                  n_layer=L, n_head=heads, n_inner=shape.ffn_hidden_size, activation_function="gelu",
+                  n_layer=L, n_head=heads, n_inner=shape.ffn_hidden_size,
+                  activation_function=ACTIVATIONS_BY_NAME[shape.activation],
                   layer_norm_epsilon=info.get("layernorm_epsilon", 1e-5),
                   resid_pdrop=info.get("hidden_dropout", 0.1), embd_pdrop=info.get("hidden_dropout", 0.1),
                   attn_pdrop=info.get("attention_dropout", 0.1), initializer_range=info.get("init_method_std", 0.02),
@@ -203,7 +221,8 @@ def _qwen2_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
 
 def _neox_matches(checkpoint):
     """GPT-NeoX's block with sequential residuals: rotary on any share of the head (its
-    partial_rotary_factor is Microsoft's --rotary-percent), LayerNorm, GeLU MLP, biases,
+    partial_rotary_factor is Microsoft's --rotary-percent), LayerNorm, a non-gated MLP (any of our
+    activations: its hidden_act), biases,
     multi-head attention of head dim h / a, no embedding LayerNorm; tied or untied."""
     shape = checkpoint.shape
     return (shape.position_embedding_type == "rotary" and shape.normalization == "layernorm"
@@ -229,7 +248,8 @@ def _neox_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     eod = info.get("eod_id")
     config = dict(vocab_size=shape.padded_vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=L,
                   num_attention_heads=shape.num_attention_heads, intermediate_size=shape.ffn_hidden_size,
-                  hidden_act="gelu", max_position_embeddings=shape.max_position_embeddings,
+                  hidden_act=ACTIVATIONS_BY_NAME[shape.activation],
+                  max_position_embeddings=shape.max_position_embeddings,
                   rope_parameters={"rope_type": "default", "rope_theta": info.get("rope_theta", 10000.0),
                                    "partial_rotary_factor": shape.rotary_percent},
                   layer_norm_eps=info.get("layernorm_epsilon", 1e-5), use_parallel_residual=False,
@@ -244,7 +264,8 @@ def _bloom_matches(checkpoint):
     multi-head with head dim h / a, tied (transformers' BloomForCausalLM has no other variant)."""
     shape = checkpoint.shape
     return (shape.position_embedding_type == "alibi" and shape.embed_layernorm and shape.normalization == "layernorm"
-            and shape.glu_activation is None and shape.add_bias_linear and shape.tied
+            and shape.glu_activation is None and shape.activation in ("gelu", "openai_gelu")
+            and shape.add_bias_linear and shape.tied
             and shape.num_key_value_heads == shape.num_attention_heads
             and shape.kv_channels * shape.num_attention_heads == shape.hidden_size)
 
@@ -261,9 +282,9 @@ BLOOM_NAMES = {("embedding", "word_embeddings"): "transformer.word_embeddings",
 
 def _bloom_build(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
     """BloomForCausalLM. Its ALiBi adds slope x key position, ours slope x (key - query
-    position): the same softmax. Its GeLU is the tanh approximation (Megatron's fused bias-GeLU),
-    ours the exact erf form: logits differ by the gap between the two, a few 1e-5 for a small
-    model."""
+    position): the same softmax. Its GeLU is the tanh approximation (Megatron's fused bias-GeLU):
+    exactly --openai-gelu's; against our default exact erf form logits differ by the gap between
+    the two, a few 1e-5 for a small model."""
     shape, info = checkpoint.shape, checkpoint.model_info
     L, h = shape.num_layers, shape.hidden_size
     sd = _hf_state_dict(checkpoint, weights, BLOOM_NAMES, "BloomForCausalLM")
@@ -284,10 +305,11 @@ ARCHITECTURES = [("GPT2LMHeadModel", _gpt2_matches, _gpt2_build), ("LlamaForCaus
 
 
 def to_hf(checkpoint: "Checkpoint", weights: "Weights") -> "Export":
-    for _, matches, build in ARCHITECTURES:
+    representable = not any(checkpoint.shape.variant()[k] != _gpt2_variant(checkpoint)[k] for k in UNREPRESENTED)
+    for _, matches, build in ARCHITECTURES if representable else []:
         if matches(checkpoint):
             return build(checkpoint, weights)
-    unmapped = _variant_differences(checkpoint, _gpt2_variant(checkpoint))
+    unmapped = _variant_differences(checkpoint, _gpt2_variant(checkpoint), ignored=("apply_layernorm_1p",))
     raise ConfigError(f"{checkpoint.step_dir}: no transformers architecture maps the variant "
                       f"{checkpoint.shape.describe()} ({', '.join(f'{k}={v}' for k, v in unmapped.items())}; "
                       f"known: {', '.join(name for name, _, _ in ARCHITECTURES)})")

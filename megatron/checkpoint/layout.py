@@ -77,6 +77,10 @@ class CheckpointLayout:
     num_key_value_heads: int | None = _key(VARIANT, None)
     kv_channels: int | None = _key(VARIANT, None)
     untie_embeddings_and_output_weights: bool = _key(VARIANT, False)
+    # the same tensors, another function (issue 39): written where the model has them
+    activation: str = _key(VARIANT, "gelu", omitted=("gelu",))
+    apply_residual_connection_post_layernorm: bool = _key(VARIANT, False, omitted=(False,))
+    apply_layernorm_1p: bool = _key(VARIANT, False, omitted=(False,))
     # which stage holds which layer: recorded where it decides the files (the pipeline engine at PP > 1)
     pp_partition_method: str | None = _key(PARALLEL, None, written_if_none=False)
 

@@ -122,6 +122,12 @@ def _add_architecture_variant_args(parser):
     g.add_argument("--num-query-groups", type=int, default=None, help="with --group-query-attention; default 1")
     g.add_argument("--kv-channels", type=int, default=None, help="head dim; default hidden size / heads")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--apply-residual-connection-post-layernorm", action="store_true",
+                   help="the residuals add the norms' outputs, not their inputs (original BERT ordering)")
+    g.add_argument("--apply-layernorm-1p", action="store_true",
+                   help="the norms' weights store gamma - 1 (initialised to 0; Megatron's zero-centered gamma)")
+    g.add_argument("--openai-gelu", action="store_true", help="GeLU's tanh approximation (GPT-2's)")
+    g.add_argument("--squared-relu", action="store_true", help="relu(x)^2 as the MLP activation")
 
 
 def _add_regularization_args(parser):
@@ -200,6 +206,8 @@ def _add_initialization_args(parser):
                    help="Argonne: initialise the word embedding with --word-embedding-init-std")
     g.add_argument("--word-embedding-init-std", type=float, default=None,
                    help="Argonne: the word embedding's init std with --adjust-word-embedding-init (default 0.02)")
+    g.add_argument("--init-method-xavier-uniform", action="store_true",
+                   help="every weight matrix drawn by torch.nn.init.xavier_uniform_ (instead of normal)")
 
 
 def _add_learning_rate_args(parser):
@@ -257,6 +265,16 @@ def _add_mixed_precision_args(parser):
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                    help="Megatron's fp32 gradient accumulation: the ds_config's data_types.grad_accum_dtype fp32 "
                         "(16-bit weights: with ZeRO)")
+    g.add_argument("--fp32-residual-connection", action="store_true",
+                   help="the residual stream in fp32 (with --fp16 / --bf16)")
+    g.add_argument("--attention-softmax-in-fp32", action="store_true",
+                   help="the attention softmax in fp32 (already so unless --no-query-key-layer-scaling)")
+    # Megatron-DeepSpeed: on by default, and it forces the softmax into fp32; Megatron-LM: off by
+    # default, spelled --apply-query-key-layer-scaling
+    g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
+                   default=True, help="the softmax in the activations' dtype unless --attention-softmax-in-fp32")
+    g.add_argument("--apply-query-key-layer-scaling", action="store_true", dest="apply_query_key_layer_scaling",
+                   default=True, help="Megatron-LM's spelling of this trainer's default: the softmax in fp32")
     g.add_argument("--loss-scale", type=float, default=None)
     g.add_argument("--initial-loss-scale", type=float, default=2 ** 32)
     g.add_argument("--min-loss-scale", type=float, default=1.0)
@@ -417,8 +435,6 @@ def _add_published_script_args(parser):
                    dest="async_tensor_model_parallel_allreduce", help="accepted; no effect")
     for flag in ("--use-flash-attn", "--use-flash-attn-v2", "--use-flash-attn-triton", "--use-flash-attn-builder"):
         g.add_argument(flag, action="store_true", help="accepted; no effect (attention is exact either way)")
-    g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
-                   help="accepted; no effect (never applied here)")
     g.add_argument("--ds-sequence-parallel-size", type=int, default=1,
                    help="DeepSpeed-Ulysses sequence parallelism: the sequence split over this many ranks, "
                         "attention all-to-all over heads (needs --no-pipeline-parallel, TP = PP = 1)")

@@ -24,19 +24,21 @@ class Row(NamedTuple):
 # work is merged; flipping one = moving it into ROWS as IMPLEMENTED. flag -> (forks, shape)
 NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
     # engineer g
-    "--apply-layernorm-1p": ("mal", ""),
-    "--apply-residual-connection-post-layernorm": ("bmal", ""),
-    "--attention-softmax-in-fp32": ("bmal", ""),
-    "--fp32-residual-connection": ("bmal", ""),
-    "--init-method-xavier-uniform": ("bmal", ""),
-    "--openai-gelu": ("bmal", ""),
-    "--squared-relu": ("mal", ""),
     # engineer h
     "--wandb-entity": ("L", "1"),
 }
 
 ROWS: tuple[Row, ...] = (
     # --- implemented -----------------------------------------------------------------------------------------
+    Row("--no-query-key-layer-scaling", "bma", IMPLEMENTED),
+    Row("--apply-query-key-layer-scaling", "l", IMPLEMENTED),
+    Row("--apply-layernorm-1p", "mal", IMPLEMENTED),
+    Row("--apply-residual-connection-post-layernorm", "bmal", IMPLEMENTED),
+    Row("--attention-softmax-in-fp32", "bmal", IMPLEMENTED),
+    Row("--fp32-residual-connection", "bmal", IMPLEMENTED),
+    Row("--init-method-xavier-uniform", "bmal", IMPLEMENTED),
+    Row("--openai-gelu", "bmal", IMPLEMENTED),
+    Row("--squared-relu", "mal", IMPLEMENTED),
     Row("--log-progress", "l", IMPLEMENTED),
     Row("--lr-wsd-decay-iters", "l", IMPLEMENTED),
     Row("--lr-wsd-decay-samples", "l", IMPLEMENTED),
@@ -264,7 +266,6 @@ ROWS: tuple[Row, ...] = (
     Row("--no-mmap-bin-files", "l", NO_EFFECT, "the data is read through a memory map either way: the same samples"),
     Row("--no-persist-layer-norm", "mal", NO_EFFECT,
         "a fused-kernel choice: no fused kernels are used here, the same math"),
-    Row("--no-query-key-layer-scaling", "bma", NO_EFFECT, "query-key layer scaling is never applied here"),
     Row("--no-save-optim", "bmal", NO_EFFECT, "DeepSpeed's save_checkpoint always writes the optimizer state"),
     Row("--no-scatter-gather-tensors-in-pipeline", "bmal", NO_EFFECT,
         "Megatron's own pipeline sends: DeepSpeed's pipeline engine sends whole activations"),

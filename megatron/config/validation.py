@@ -342,6 +342,12 @@ def _validate_precision(args, cuda_available):
     _require(not (args.fp16 and args.bf16), "--fp16 and --bf16 are exclusive: pick one")
     _require(not args.fp16 or cuda_available,
              "--fp16 needs a CUDA device: on CPU train in fp32 (drop --fp16) or use --bf16")
+    _require(not args.fp32_residual_connection or args.fp16 or args.bf16,
+             "--fp32-residual-connection needs --fp16 or --bf16: in fp32 the residual stream is fp32 already; "
+             "drop the flag")
+    given = set(getattr(args, "given_flags", ()))
+    _require(not {"--apply-query-key-layer-scaling", "--no-query-key-layer-scaling"} <= given,
+             "--apply-query-key-layer-scaling contradicts --no-query-key-layer-scaling: drop one")
     import torch
     args.params_dtype = torch.half if args.fp16 else (torch.bfloat16 if args.bf16 else torch.float32)
 

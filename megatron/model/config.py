@@ -35,6 +35,11 @@ class GPTConfig:
     # end-of-document token of a sample (megatron/model/documents.py)
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
+    init_method_xavier_uniform: bool = False  # every weight matrix drawn as torch's xavier_uniform_ (the forks')
+    # --fp32-residual-connection (--fp16 / --bf16 only): the residual stream in fp32
+    fp32_residual_connection: bool = False
+    # the attention softmax in fp32 (False: in the activations' dtype, Megatron's unfused softmax)
+    attention_softmax_in_fp32: bool = True
 
     @classmethod
     def from_args(cls, args: Namespace) -> "GPTConfig":
@@ -48,21 +53,43 @@ class GPTConfig:
                    attention_impl=args.attention_impl, rope_theta=args.rope_theta, moe=MoEOptions.from_args(args),
                    sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
                    reset_position_ids=bool(getattr(args, "reset_position_ids", False)),
-                   reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)))
+                   reset_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
+                   init_method_xavier_uniform=getattr(args, "init_method_xavier_uniform", False),
+                   fp32_residual_connection=getattr(args, "fp32_residual_connection", False),
+                   attention_softmax_in_fp32=softmax_in_fp32(args))
 
     def init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Every weight matrix not named below: N(0, init_method_std), or --init-method-xavier-uniform's
+        U(-b, b), b = sqrt(6 / (fan_in + fan_out)) of the whole matrix (the TP layers initialise the
+        full weight and slice it, as the forks with --use-cpu-initialization)."""
+        if self.init_method_xavier_uniform:
+            return nn.init.xavier_uniform_
         std = self.init_method_std
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
 
     def word_embedding_init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The word embedding's (and so a tied output layer's): N(0, word_embedding_init_std)."""
-        std = self.init_method_std if self.word_embedding_init_std is None else self.word_embedding_init_std
+        """The word embedding's (and so a tied output layer's): N(0, word_embedding_init_std), else
+        init_method's (the forks draw it with the init method)."""
+        if self.word_embedding_init_std is None:
+            return self.init_method()
+        std = self.word_embedding_init_std
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
 
     def output_init_method(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Projections that write into the residual stream: std / sqrt(2 * layers) (GPT-2)."""
+        """Projections that write into the residual stream: std / sqrt(2 * layers) (GPT-2); with
+        --init-method-xavier-uniform xavier as every other matrix (the fork sets both to it)."""
+        if self.init_method_xavier_uniform:
+            return nn.init.xavier_uniform_
         std = self.init_method_std / math.sqrt(2.0 * self.shape.num_layers)
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+def softmax_in_fp32(args: Namespace) -> bool:
+    """Megatron-DeepSpeed's rule (CoreAttention): the softmax runs in fp32 with
+    --attention-softmax-in-fp32 or with query-key layer scaling (on by default;
+    --no-query-key-layer-scaling turns it off), and in the activations' dtype otherwise."""
+    scaling = getattr(args, "apply_query_key_layer_scaling", True)
+    return bool(getattr(args, "attention_softmax_in_fp32", False) or scaling)
 
 
 def word_embedding_init_std(args: Namespace) -> float | None:

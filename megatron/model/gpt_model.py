@@ -23,7 +23,7 @@ from megatron.runtime.deepspeed_internals import set_random_seed, set_stage_boun
 from .analytic import stage_parts
 from .config import GPTConfig
 from .language_model import Embedding, OutputLayer, lm_loss, parallel_lm_logits
-from .layer_norm import LAYER_NORM_TYPES, norm_class
+from .layer_norm import LAYER_NORM_TYPES, norm_spec
 from .moe.aux_loss import collect_aux_losses, record_moe_loss
 from .partition import DEFAULT_METHOD, FLOPS_METHOD
 from .shape import PipeLayer
@@ -120,7 +120,9 @@ def _pipe_layer_spec(config: GPTConfig, item: PipeLayer) -> Any:
     if item.kind == "moe_loss":
         return take
     if item.kind == "norm":
-        return LayerSpec(norm_class(shape.normalization), shape.hidden_size, eps=config.layernorm_epsilon)
+        cls, kwargs = norm_spec(shape.normalization, shape.hidden_size, config.layernorm_epsilon,
+                                one_plus=shape.apply_layernorm_1p, mixed=config.fp32_residual_connection)
+        return LayerSpec(cls, shape.hidden_size, **kwargs)
     if item.kind == "tied_output":
         return TiedLayerSpec("embed", EmbeddingPipe, config, forward_fn=_logits_helper,
                              tied_weight_attr="word_embeddings_weight")

@@ -11,7 +11,7 @@ from megatron.mpu.layers import _sliced_parameter
 
 from .config import GPTConfig
 from .documents import document_positions
-from .layer_norm import LayerNorm
+from .layer_norm import build_norm_module
 
 
 class Embedding(nn.Module):
@@ -31,10 +31,12 @@ class Embedding(nn.Module):
         # this module is the output layer and never runs it
         self.embedding_layernorm = None
         if shape.embed_layernorm and mpu.get_pipeline_model_parallel_rank() == 0:
-            self.embedding_layernorm = LayerNorm(shape.hidden_size, eps=config.layernorm_epsilon)
+            self.embedding_layernorm = build_norm_module("layernorm", shape.hidden_size, config.layernorm_epsilon,
+                                                         one_plus=shape.apply_layernorm_1p)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.sequence_parallel = config.sequence_parallel  # also read by the tied output layer
         self.reset_position_ids = config.reset_position_ids
+        self.fp32_residual_connection = config.fp32_residual_connection
 
     @property
     def word_embeddings_weight(self) -> torch.Tensor:
@@ -53,6 +55,8 @@ class Embedding(nn.Module):
                 positions = torch.arange(first, first + input_ids.size(1), device=input_ids.device)
             embeddings = embeddings + self.position_embeddings(positions)
         embeddings = embeddings.transpose(0, 1).contiguous()
+        if self.fp32_residual_connection:  # the residual stream starts here
+            embeddings = embeddings.float()
         if self.sequence_parallel:  # Megatron's: this rank's sequence shard [s/tp, b, h]
             embeddings = mpu.scatter_to_sequence_parallel_region(embeddings)
         elif mpu.get_sequence_parallel_world_size() == 1:

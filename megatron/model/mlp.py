@@ -11,6 +11,10 @@ from megatron import mpu
 from .config import GPTConfig
 
 GLU_ACTIVATION_FUNCTIONS = {"geglu": F.gelu, "liglu": lambda x: x, "reglu": F.relu, "swiglu": F.silu}
+# the non-gated MLP's (ModelShape.activation): --openai-gelu is Megatron's openai_gelu,
+# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), which torch computes as gelu's tanh approximation
+ACTIVATION_FUNCTIONS = {"gelu": F.gelu, "openai_gelu": lambda x: F.gelu(x, approximate="tanh"),
+                        "squared_relu": lambda x: torch.square(F.relu(x))}
 
 
 class ParallelMLP(nn.Module):
@@ -24,6 +28,7 @@ class ParallelMLP(nn.Module):
         shape = config.shape
         h, f, bias = shape.hidden_size, shape.ffn_hidden_size, shape.add_bias_linear
         self.glu = GLU_ACTIVATION_FUNCTIONS[shape.glu_activation] if shape.glu else None
+        self.activation = ACTIVATION_FUNCTIONS[shape.activation]
         self.dense_h_to_4h = mpu.ColumnParallelLinear(h, 2 * f if self.glu else f, config.init_method(), bias=bias,
                                                       params_dtype=config.params_dtype,
                                                       tensor_parallel=tensor_parallel,
@@ -36,6 +41,6 @@ class ParallelMLP(nn.Module):
         # [s, b, h] -> [s, b, f/tp] (a GLU: [s, b, 2f/tp] -> gate, value) -> [s, b, h]
         intermediate = self.dense_h_to_4h(hidden_states)
         if self.glu is None:
-            return self.dense_4h_to_h(F.gelu(intermediate))
+            return self.dense_4h_to_h(self.activation(intermediate))
         gate, value = intermediate.unflatten(-1, (-1, 2)).unbind(-1)
         return self.dense_4h_to_h(self.glu(gate) * value)

@@ -32,6 +32,9 @@ POSITION_EMBEDDING_TYPES = ("absolute", "rotary", "alibi", "none")
 # Megatron-LM's spellings of the same choices
 POSITION_EMBEDDING_ALIASES = {"learned_absolute": "absolute", "rope": "rotary"}
 GLU_ACTIVATIONS = ("geglu", "liglu", "reglu", "swiglu")
+# the non-gated MLP's activation: gelu (erf, the default), --openai-gelu (the tanh approximation,
+# GPT-2's original), --squared-relu (relu(x)^2, Primer)
+ACTIVATIONS = ("gelu", "openai_gelu", "squared_relu")
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 
 
@@ -83,6 +86,11 @@ class ModelShape:
     num_key_value_heads: int | None = None     # default num_attention_heads (MHA); 1: MQA
     kv_channels: int | None = None             # head dim; default hidden size / heads
     untie_embeddings_and_output_weights: bool = False
+    activation: str = "gelu"                   # ACTIVATIONS; a GLU's activation is glu_activation's
+    # --apply-residual-connection-post-layernorm: the residuals add the norms' outputs (original BERT)
+    apply_residual_connection_post_layernorm: bool = False
+    # --apply-layernorm-1p: every norm's weight stores gamma - 1 (initialised to 0); same parameters
+    apply_layernorm_1p: bool = False
     # --- mixture of experts (DeepSpeed-MoE, Megatron-DeepSpeed's flags); defaults: dense ---
     num_experts: tuple[int, ...] = (1,)  # one value, or one per MoE layer (num_layers // expert_interval)
     expert_interval: int = 2             # layer l (1-based) is an MoE layer when l % expert_interval == 0
@@ -107,6 +115,10 @@ class ModelShape:
                 f"--glu-activation {self.glu_activation}: choose one of {', '.join(GLU_ACTIVATIONS)}")
         if self.add_bias_linear:  # the QKV has its bias anyway: one spelling of one model (checkpoints)
             object.__setattr__(self, "add_qkv_bias", False)
+        require(self.activation in ACTIVATIONS, f"activation {self.activation}: choose one of {', '.join(ACTIVATIONS)}")
+        require(self.activation == "gelu" or self.glu_activation is None,
+                f"--{self.activation.replace('_', '-')} contradicts --glu-activation {self.glu_activation} "
+                f"(--swiglu): a GLU has its own activation; drop one of them")
         normalization = str(self.normalization).lower()  # Megatron-LM spells it RMSNorm / LayerNorm
         require(normalization in NORMALIZATIONS, f"--normalization {self.normalization}: choose layernorm or rmsnorm")
         object.__setattr__(self, "normalization", normalization)
@@ -259,6 +271,10 @@ class ModelShape:
                    add_qkv_bias=getattr(args, "add_qkv_bias", False),
                    num_key_value_heads=_num_key_value_heads(args), kv_channels=args.kv_channels,
                    untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
+                   activation=_activation(args),
+                   apply_residual_connection_post_layernorm=getattr(args, "apply_residual_connection_post_layernorm",
+                                                                    False),
+                   apply_layernorm_1p=getattr(args, "apply_layernorm_1p", False),
                    **moe_fields_from_args(args))
 
     @property
@@ -322,16 +338,19 @@ class ModelShape:
         heads = f"{a} heads" if g == a else f"{a} query / {g} kv heads"
         if self.kv_channels * a != self.hidden_size:
             heads += f" of dim {self.kv_channels}"
-        parts = [positions, f"{self.glu_activation or 'gelu'} ffn {self.ffn_hidden_size}"]
+        parts = [positions, f"{self.glu_activation or self.activation} ffn {self.ffn_hidden_size}"]
         parts += ["embed layernorm"] if self.embed_layernorm else []
-        parts += [self.normalization, heads, "tied" if self.tied else "untied"]
+        parts += [self.normalization + (" 1p" if self.apply_layernorm_1p else "")]
+        parts += ["post-norm residuals"] if self.apply_residual_connection_post_layernorm else []
+        parts += [heads, "tied" if self.tied else "untied"]
         parts += [] if self.add_bias_linear else ["qkv bias only" if self.add_qkv_bias else "no bias"]
         return ", ".join(parts)
 
 
 VARIANT_FIELDS = ("position_embedding_type", "rotary_percent", "glu_activation", "normalization", "embed_layernorm",
                   "add_bias_linear", "add_qkv_bias", "num_key_value_heads", "kv_channels",
-                  "untie_embeddings_and_output_weights")
+                  "untie_embeddings_and_output_weights", "activation", "apply_residual_connection_post_layernorm",
+                  "apply_layernorm_1p")
 
 
 def gpt2_variant(num_attention_heads: int, hidden_size: int) -> dict:
@@ -355,6 +374,13 @@ def _position_embedding_type(args):
                                         f"{args.position_embedding_type}; drop one")
         return explicit or "none"
     return explicit or "absolute"
+
+
+def _activation(args):
+    """--openai-gelu / --squared-relu (both forks and Megatron-LM; at most one of them)."""
+    chosen = [name for name in ACTIVATIONS[1:] if getattr(args, name, False)]
+    require(len(chosen) <= 1, "--openai-gelu contradicts --squared-relu: choose one activation")
+    return chosen[0] if chosen else "gelu"
 
 
 def _num_key_value_heads(args):

@@ -17,7 +17,7 @@ from megatron.mpu.layers import divide
 
 from .config import GPTConfig
 from .documents import document_mask
-from .layer_norm import norm_class
+from .layer_norm import build_norm_module
 from .mlp import ParallelMLP
 from .moe.layer import MoEMLP
 from .positional_embeddings import alibi_causal_bias, alibi_slopes, apply_rotary, rotary_tables
@@ -26,7 +26,9 @@ from .positional_embeddings import alibi_causal_bias, alibi_slopes, apply_rotary
 def build_norm(config: GPTConfig) -> nn.Module:
     """A transformer norm (input, post-attention, final). Under sequence parallelism it runs on a
     sequence shard, so its parameters' gradients are partial: tagged for the TP sum."""
-    norm = norm_class(config.shape.normalization)(config.shape.hidden_size, eps=config.layernorm_epsilon)
+    shape = config.shape
+    norm = build_norm_module(shape.normalization, shape.hidden_size, config.layernorm_epsilon,
+                             one_plus=shape.apply_layernorm_1p, mixed=config.fp32_residual_connection)
     if config.sequence_parallel:
         for p in norm.parameters():
             mpu.mark_sequence_parallel(p)
@@ -57,6 +59,7 @@ class ParallelAttention(nn.Module):
         self.head_dim = d
         self.dropout_p = config.attention_dropout
         self.attention_impl = config.attention_impl
+        self.softmax_in_fp32 = config.attention_softmax_in_fp32
         self.position_embedding_type = shape.position_embedding_type
         self.rope_theta = config.rope_theta
         self.rotary_dim = shape.rotary_dim  # --rotary-percent: the first rotary_dim channels rotate
@@ -103,7 +106,9 @@ class ParallelAttention(nn.Module):
         elif self.position_embedding_type != "alibi":
             mask = self._cached("causal", s, q, lambda: torch.ones(s, s, dtype=torch.bool, device=q.device).triu_(1))
             scores = scores.masked_fill(mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        # Megatron's unfused softmax: in fp32 (--attention-softmax-in-fp32, query-key layer scaling),
+        # or in the activations' dtype
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32 if self.softmax_in_fp32 else None).to(q.dtype)
         probs = F.dropout(probs, p=dropout_p)
         return torch.matmul(probs, v)
 
@@ -150,7 +155,8 @@ class ParallelAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
         with mpu.get_cuda_rng_tracker().fork():
-            if self.attention_impl == "sdpa":
+            # sdpa's kernels accumulate the softmax in fp32: a half-precision softmax is spelled out
+            if self.attention_impl == "sdpa" and (self.softmax_in_fp32 or q.dtype == torch.float32):
                 context = self._sdpa_attention(q, k, v, dropout_p, doc_mask)
             else:
                 context = self._math_attention(q, k, v, dropout_p, doc_mask)
@@ -163,6 +169,7 @@ class ParallelTransformerLayer(nn.Module):
         self.layer_number = layer_number
         self.total_layers = config.shape.num_layers  # the model's, whichever stage holds this layer
         self.hidden_dropout = config.hidden_dropout
+        self.post_layernorm_residual = config.shape.apply_residual_connection_post_layernorm
         # hidden states hold this rank's part of the sequence (Megatron's shards, Ulysses' chunks)
         self.sequence_sharded = config.sequence_parallel or mpu.get_sequence_parallel_world_size() > 1
         self.input_layernorm = build_norm(config)
@@ -173,12 +180,18 @@ class ParallelTransformerLayer(nn.Module):
     def forward(self, hidden_states: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[s, b, h] -> [s, b, h] ([s/tp, b, h] shards under sequence parallelism). An MoE layer's
         load-balancing loss rides on its MLP output's gradient (megatron/model/moe/aux_loss.py)."""
-        attn = self.self_attention(self.input_layernorm(hidden_states), doc_ids)
+        normed = self.input_layernorm(hidden_states)
+        attn = self.self_attention(normed, doc_ids)
+        # the residual: the norm's input (pre-norm, GPT-2), or its output (--apply-residual-connection-
+        # post-layernorm); under --fp32-residual-connection the sum is fp32 (type promotion)
+        residual = normed if self.post_layernorm_residual else hidden_states
         with self._dropout_rng():
-            hidden_states = hidden_states + F.dropout(attn, p=self.hidden_dropout, training=self.training)
-        mlp = self.mlp(self.post_attention_layernorm(hidden_states))
+            hidden_states = residual + F.dropout(attn, p=self.hidden_dropout, training=self.training)
+        normed = self.post_attention_layernorm(hidden_states)
+        mlp = self.mlp(normed)
+        residual = normed if self.post_layernorm_residual else hidden_states
         with self._dropout_rng():
-            return hidden_states + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
+            return residual + F.dropout(mlp, p=self.hidden_dropout, training=self.training)
 
     def _dropout_rng(self) -> contextlib.AbstractContextManager:
         # replicated hidden states: the default RNG, identical masks on every TP rank; sequence

@@ -32,6 +32,16 @@ EXPORTS = {
     # transformers' BLOOM: head dim 8 (48 / 6); its tanh GeLU against our exact one: ~1e-5 apart
     "bloom": (ALIBI + ["--hidden-size", 48, "--num-attention-heads", 6], 5e-3, "BloomForCausalLM",
               "layer_norm_epsilon", 1e-4),
+    # issue 39's, converted exactly: layernorm-1p's stored gamma - 1 gets its 1 back (a forgotten 1
+    # leaves gammas near 0), --openai-gelu is gelu_pytorch_tanh (BLOOM's own GeLU: now 1e-5),
+    # --squared-relu is relu2
+    "gpt2_1p_openai_gelu": (["--apply-layernorm-1p", "--openai-gelu"], 3e-3, "GPT2LMHeadModel", "layer_norm_epsilon",
+                            1e-5),
+    "llama_1p": (LLAMA + ["--apply-layernorm-1p"], 2e-3, "LlamaForCausalLM", "rms_norm_eps", 1e-5),
+    "neox_squared_relu_1p": (ROTARY + ["--squared-relu", "--apply-layernorm-1p"], 4e-3, "GPTNeoXForCausalLM",
+                             "layer_norm_eps", 1e-5),
+    "bloom_openai_gelu": (ALIBI + ["--hidden-size", 48, "--num-attention-heads", 6, "--openai-gelu"], 5e-3,
+                          "BloomForCausalLM", "layer_norm_epsilon", 1e-5),
 }
 # name: (flags, the variant fields that differ from GPT-2's, by hand, as the refusal names them)
 REFUSED = {
@@ -77,6 +87,15 @@ REFUSED = {
     "gpt2_embed_layernorm": (["--embed-layernorm"], "embed_layernorm=True"),
     "gpt2_kv_channels": (["--kv-channels", 32], "kv_channels=32"),
     "no_positions": (["--no-position-embedding"], "position_embedding_type=none"),
+    # issue 39's: no target adds the norms' outputs (converter's UNREPRESENTED), in GPT-2's block and
+    # in LLaMA's; BLOOM's GeLU is fixed
+    "gpt2_post_ln": (["--apply-residual-connection-post-layernorm"], "apply_residual_connection_post_layernorm=True"),
+    "llama_post_ln_1p": (LLAMA + ["--apply-residual-connection-post-layernorm", "--apply-layernorm-1p"],
+                         "position_embedding_type=rotary, glu_activation=swiglu, normalization=rmsnorm, "
+                         "add_bias_linear=False, num_key_value_heads=2, untie_embeddings_and_output_weights=True, "
+                         "apply_residual_connection_post_layernorm=True"),
+    "bloom_squared_relu": (ALIBI + ["--squared-relu"],
+                           "position_embedding_type=alibi, embed_layernorm=True, activation=squared_relu"),
 }
 KNOWN = "GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM, BloomForCausalLM, Qwen2ForCausalLM"
 TOKENS = torch.randint(0, 600, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -149,6 +168,16 @@ def test_export_at_a_non_default_epsilon_computes_our_logits(saved, name, tmp_pa
         theirs = model(TOKENS).logits
     assert theirs.shape == ours[name].shape
     assert torch.allclose(theirs, ours[name], rtol=0, atol=tolerance), (theirs - ours[name]).abs().max()
+    # the activation transformers runs is Megatron's (at this size erf and tanh GeLU differ by less
+    # than the logits' tolerance): on a grid, against the formulas
+    x = torch.linspace(-6, 6, 1201)
+    act = transformers.activations.ACT2FN[getattr(model.config, "activation_function", None)
+                                          or getattr(model.config, "hidden_act", None) or "gelu"]
+    want = {"--openai-gelu": 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3))),
+            "--squared-relu": torch.clamp(x, min=0) ** 2}
+    for flag, values in want.items():
+        if flag in EXPORTS[name][0] and cls != "BloomForCausalLM":  # BLOOM's GeLU is fixed: tanh
+            torch.testing.assert_close(act(x), values, rtol=0, atol=1e-6)
     # the epsilon matters here: at the default the logits are far outside the tolerance
     default = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", **{field: 1e-5}).eval()
     with torch.no_grad():

@@ -142,13 +142,14 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters",
         "4", "--lr", "1e-3", "--mock-data", "--vocab-size", "600", "--log-interval", "1", "--eval-interval", "2",
         "--eval-iters", "1", "--seed", "7"]
-NO_EFFECT = ["--use-flash-attn", "--codecarbon-dir", "codecarbon", "--no-query-key-layer-scaling",
+NO_EFFECT = ["--use-flash-attn", "--codecarbon-dir", "codecarbon",
              "--abort-on-unmet-fused-kernel-constraints", "--no-async-tensor-model-parallel-allreduce",
              "--use-flash-attn-triton", "--use-flash-attn-v2", "--sequence-parallel",
              "--no-masked-softmax-fusion", "--DDP-impl", "local"]
 # implemented flags passed with the same values, to show they are not in the line either
+# (--no-query-key-layer-scaling: the softmax's dtype under --fp16 / --bf16; this run is fp32)
 IMPLEMENTED = ["--log-level", "info", "--log-level-replica", "error", "--valid-num-workers", "0",
-               "--ds-sequence-parallel-size", "1"]
+               "--ds-sequence-parallel-size", "1", "--no-query-key-layer-scaling"]
 
 
 def _train(argv):
@@ -169,7 +170,7 @@ def test_no_effect_flags_are_named_once_and_change_nothing(tmp_path):
     from tests.support.launch import logged_iterations
     tensorboard = ["--tensorboard-dir", str(tmp_path / "tb"), "--log-optimizer-states-to-tensorboard"]
     with_flags, without = run_distributed(1, _both, TINY + NO_EFFECT + IMPLEMENTED + tensorboard, TINY)[0]
-    line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, --no-query-key-layer-scaling, "
+    line = ("accepted, no effect: --use-flash-attn, --codecarbon-dir, "
             "--abort-on-unmet-fused-kernel-constraints, --no-async-tensor-model-parallel-allreduce, "
             "--use-flash-attn-triton, --use-flash-attn-v2, "
             "--no-masked-softmax-fusion, --DDP-impl (docs/flags.md, 'Flags accepted with no effect', says why)")

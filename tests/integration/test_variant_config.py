@@ -192,6 +192,9 @@ def test_describe_and_report_name_the_variant():
         "geglu_ffn100": "learned positions, geglu ffn 100, layernorm, 8 heads, tied",
         "reglu_embed_ln": "learned positions, reglu ffn 256, embed layernorm, rmsnorm, 8 heads, tied",
         "liglu_untied": "learned positions, liglu ffn 256, layernorm, 8 heads, untied, no bias",
+        "post_ln_1p_squared_relu": "learned positions, squared_relu ffn 256, layernorm 1p, post-norm residuals, "
+                                   "8 heads, tied",
+        "openai_gelu_rmsnorm_1p": "learned positions, openai_gelu ffn 256, rmsnorm 1p, 8 heads, tied",
     }
     shape = ModelShape(**shape_kwargs("bloom"))
     lines = format_parameter_report(analytic_parameter_counts(shape), shape)

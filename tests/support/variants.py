@@ -19,6 +19,10 @@ VARIANTS = {
     "geglu_ffn100": dict(glu_activation="geglu", ffn_hidden_size=100),
     "reglu_embed_ln": dict(glu_activation="reglu", embed_layernorm=True, normalization="rmsnorm"),
     "liglu_untied": dict(glu_activation="liglu", untie_embeddings_and_output_weights=True, add_bias_linear=False),
+    # issue 39's: the same tensors as GPT-2's (RMSNorm's), another function
+    "post_ln_1p_squared_relu": dict(apply_residual_connection_post_layernorm=True, apply_layernorm_1p=True,
+                                    activation="squared_relu"),
+    "openai_gelu_rmsnorm_1p": dict(activation="openai_gelu", normalization="rmsnorm", apply_layernorm_1p=True),
 }
 TP2_VARIANTS = [name for name, v in VARIANTS.items() if v.get("num_key_value_heads", 2) % 2 == 0]
 

@@ -186,7 +186,8 @@ def test_describe():
     assert gpt2_variant(4, 64) == {
         "position_embedding_type": "absolute", "rotary_percent": 1.0, "glu_activation": None,
         "normalization": "layernorm", "embed_layernorm": False, "add_bias_linear": True, "add_qkv_bias": False,
-        "num_key_value_heads": 4, "kv_channels": 16, "untie_embeddings_and_output_weights": False}
+        "num_key_value_heads": 4, "kv_channels": 16, "untie_embeddings_and_output_weights": False,
+        "activation": "gelu", "apply_residual_connection_post_layernorm": False, "apply_layernorm_1p": False}
 
 
 def test_single_flag_rules():
