@@ -231,12 +231,13 @@ def test_the_layout_records_the_variants_and_refuses_another():
 
 
 VARIANT_FLAGS = ["--apply-residual-connection-post-layernorm", "--apply-layernorm-1p", "--squared-relu",
-                 "--init-method-xavier-uniform", "--fp32-residual-connection", "--no-query-key-layer-scaling"]
+                 "--init-method-xavier-uniform", "--fp32-residual-connection", "--no-query-key-layer-scaling",
+                 "--attention-impl", "math"]
 
 
 def test_bf16_pp2_launch_with_the_variants_counts_trains_and_refuses_another_variant(tmp_path):
     """deepspeed, 2 ranks at PP=2, --bf16 with ZeRO 1: the fp32 residual stream crosses the stage
-    boundary, the softmax runs in bf16; the count is the analytic table's and the TP=1 PP=1
+    boundary, the (math) softmax runs in bf16; the count is the analytic table's and the TP=1 PP=1
     model's numel (the variants add no parameter); a run without --squared-relu refuses the
     checkpoint before building a model, naming the activation."""
     from megatron.config.arguments import parse_args
