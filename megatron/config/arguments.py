@@ -268,11 +268,12 @@ def _add_mixed_precision_args(parser):
     g.add_argument("--fp32-residual-connection", action="store_true",
                    help="the residual stream in fp32 (with --fp16 / --bf16)")
     g.add_argument("--attention-softmax-in-fp32", action="store_true",
-                   help="the attention softmax in fp32 (already so unless --no-query-key-layer-scaling)")
+                   help="the math attention's softmax in fp32 (already so unless --no-query-key-layer-scaling)")
     # Megatron-DeepSpeed: on by default, and it forces the softmax into fp32; Megatron-LM: off by
     # default, spelled --apply-query-key-layer-scaling
     g.add_argument("--no-query-key-layer-scaling", action="store_false", dest="apply_query_key_layer_scaling",
-                   default=True, help="the softmax in the activations' dtype unless --attention-softmax-in-fp32")
+                   default=True, help="the math attention's softmax in the activations' dtype unless "
+                                      "--attention-softmax-in-fp32")
     g.add_argument("--apply-query-key-layer-scaling", action="store_true", dest="apply_query_key_layer_scaling",
                    default=True, help="Megatron-LM's spelling of this trainer's default: the softmax in fp32")
     g.add_argument("--loss-scale", type=float, default=None)

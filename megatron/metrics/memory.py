@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from megatron.model.analytic import layers_per_stage, stage_parameters
 from megatron.model.shape import ModelShape
+from megatron.runtime.precision import softmax_in_fp32
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MASTER_BYTES = 4  # fp32 master weights, Adam moments and DeepSpeed's fp32 partitions
@@ -79,6 +80,8 @@ class TrainingSetup:
     moe: bool = False                    # an MoE model: DeepSpeed reduces the gradients even at DP = 1
     sequence_parallel: bool = False      # --sequence-parallel at TP > 1 (validation turns it off at TP 1)
     sequence_parallel_size: int = 1      # DeepSpeed-Ulysses SP ranks per replica (--ds-sequence-parallel-size)
+    fp32_residual_connection: bool = False  # the residual stream (the norms' inputs) in fp32
+    softmax_in_fp32: bool = True         # the math attention's softmax in fp32, else in the activation dtype
 
     @classmethod
     def from_args(cls, args: Namespace, fused_adam: bool = False) -> "TrainingSetup":
@@ -105,7 +108,9 @@ class TrainingSetup:
                    grad_accum_dtype=(config.get("data_types") or {}).get("grad_accum_dtype")
                    or ("fp32" if getattr(args, "accumulate_allreduce_grads_in_fp32", False) else None),
                    moe=args.model_shape.is_moe, sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
-                   sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1))
+                   sequence_parallel_size=getattr(args, "ds_sequence_parallel_size", 1),
+                   fp32_residual_connection=getattr(args, "fp32_residual_connection", False),
+                   softmax_in_fp32=softmax_in_fp32(args))
 
     @property
     def model_bytes(self) -> int:
@@ -316,12 +321,18 @@ def layer_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> i
         total += 4 * b * a * s  # logsumexp; flash attention's dropout keeps an RNG state, no mask
     else:
         dropout = setup.attention_dropout > 0
-        total += b * (a // ulysses) * s_all * s_all * (4 + (act if act != 4 or dropout else 0) + (1 if dropout else 0))
+        if setup.softmax_in_fp32 or act == 4:  # fp32 probabilities, their copy in the activation dtype
+            probs = 4 + (act if act != 4 or dropout else 0)
+        else:  # the softmax in the activation dtype (--no-query-key-layer-scaling): its output, the dropout's
+            probs = act + (act if dropout else 0)
+        total += b * (a // ulysses) * s_all * s_all * (probs + (1 if dropout else 0))
         total += act * sb * h // t  # the context's contiguous re-layout
     if ulysses > 1:
         total += act * sb * h // t  # the core's output, before the all-to-all back
     if setup.hidden_dropout > 0:
         total += 2 * sb * h // shards  # bool masks of the two residual dropouts
+    if setup.fp32_residual_connection:  # the two norms' inputs are the fp32 residual stream
+        total += (4 - act) * 2 * sb * h // shards
     return total
 
 
@@ -341,7 +352,8 @@ def _head_activation_bytes(shape: ModelShape, setup: TrainingSetup, b: int) -> i
     s, h, t = shape.seq_length // setup.sequence_parallel_size, shape.hidden_size, shape.tensor_model_parallel_size
     sb = s * b
     shards = sequence_shards(shape, setup)  # the logits' linear saves the norm's output shard
-    return ((2 * setup.model_bytes * sb * h + 2 * 4 * sb) // shards  # LayerNorm input and output, stats
+    norm_input = 4 if setup.fp32_residual_connection else setup.model_bytes  # the residual stream
+    return (((norm_input + setup.model_bytes) * sb * h + 2 * 4 * sb) // shards  # LayerNorm input and output, stats
             + 4 * sb * shape.padded_vocab_size // t          # softmax
             + sb * (1 + 8) + 4 * shape.seq_length * b + 4)   # outside mask, local ids; loss mask, count
 

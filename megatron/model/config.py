@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from megatron.runtime.precision import softmax_in_fp32
+
 from .moe.options import MoEOptions
 from .shape import ModelShape
 
@@ -82,14 +84,6 @@ class GPTConfig:
             return nn.init.xavier_uniform_
         std = self.init_method_std / math.sqrt(2.0 * self.shape.num_layers)
         return lambda w: nn.init.normal_(w, mean=0.0, std=std)
-
-
-def softmax_in_fp32(args: Namespace) -> bool:
-    """Megatron-DeepSpeed's rule (CoreAttention): the softmax runs in fp32 with
-    --attention-softmax-in-fp32 or with query-key layer scaling (on by default;
-    --no-query-key-layer-scaling turns it off), and in the activations' dtype otherwise."""
-    scaling = getattr(args, "apply_query_key_layer_scaling", True)
-    return bool(getattr(args, "attention_softmax_in_fp32", False) or scaling)
 
 
 def word_embedding_init_std(args: Namespace) -> float | None:

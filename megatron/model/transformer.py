@@ -155,8 +155,9 @@ class ParallelAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
         with mpu.get_cuda_rng_tracker().fork():
-            # sdpa's kernels accumulate the softmax in fp32: a half-precision softmax is spelled out
-            if self.attention_impl == "sdpa" and (self.softmax_in_fp32 or q.dtype == torch.float32):
+            # sdpa's kernels accumulate the softmax in fp32 whatever the flags say, as the forks' fused
+            # softmax and flash kernels do; the softmax's dtype is the math path's (the unfused softmax)
+            if self.attention_impl == "sdpa":
                 context = self._sdpa_attention(q, k, v, dropout_p, doc_mask)
             else:
                 context = self._math_attention(q, k, v, dropout_p, doc_mask)

@@ -21,3 +21,11 @@ class Precision:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Precision":
         return cls(args.fp16, args.bf16, args.params_dtype)
+
+
+def softmax_in_fp32(args: argparse.Namespace) -> bool:
+    """Megatron-DeepSpeed's rule (CoreAttention): the attention softmax runs in fp32 with
+    --attention-softmax-in-fp32 or with query-key layer scaling (on by default;
+    --no-query-key-layer-scaling turns it off), and in the activations' dtype otherwise."""
+    scaling = getattr(args, "apply_query_key_layer_scaling", True)
+    return bool(getattr(args, "attention_softmax_in_fp32", False) or scaling)

@@ -171,15 +171,15 @@ def test_fp32_residual_and_softmax_dtypes_under_bf16():
     # the residual stream is fp32 from the embedding on; the norms hand the layers bf16; logits bf16
     assert out["fp32_residual"]["layers"] == [(f32, f32)] * 2
     assert out["fp32_residual"]["logits"] == bf16 and out["bf16"]["logits"] == bf16
-    # sdpa's kernels accumulate in fp32; a bf16 softmax is spelled out (Megatron's unfused softmax)
-    assert out["bf16"]["softmax"] == [("scaled_dot_product_attention", bf16)] * 2
-    assert out["bf16_softmax"]["softmax"] == [("softmax", bf16)] * 2
+    # sdpa's kernels accumulate in fp32 whatever the flag; the math path is Megatron's unfused softmax
+    assert out["bf16"]["softmax"] == out["bf16_softmax"]["softmax"] == [("scaled_dot_product_attention", bf16)] * 2
     assert out["fp32_softmax_math"]["softmax"] == [("softmax", f32)] * 2
     assert out["bf16_softmax_math"]["softmax"] == [("softmax", bf16)] * 2
 
 
 def test_flags_give_the_variants_and_their_rules():
-    from megatron.model.config import GPTConfig, softmax_in_fp32
+    from megatron.model.config import GPTConfig
+    from megatron.runtime.precision import softmax_in_fp32
     args = validated(["--apply-residual-connection-post-layernorm", "--apply-layernorm-1p", "--squared-relu",
                       "--init-method-xavier-uniform", "--bf16", "--fp32-residual-connection"])
     shape = args.model_shape
@@ -231,12 +231,13 @@ def test_the_layout_records_the_variants_and_refuses_another():
 
 
 VARIANT_FLAGS = ["--apply-residual-connection-post-layernorm", "--apply-layernorm-1p", "--squared-relu",
-                 "--init-method-xavier-uniform", "--fp32-residual-connection", "--no-query-key-layer-scaling"]
+                 "--init-method-xavier-uniform", "--fp32-residual-connection", "--no-query-key-layer-scaling",
+                 "--attention-impl", "math"]
 
 
 def test_bf16_pp2_launch_with_the_variants_counts_trains_and_refuses_another_variant(tmp_path):
     """deepspeed, 2 ranks at PP=2, --bf16 with ZeRO 1: the fp32 residual stream crosses the stage
-    boundary, the softmax runs in bf16; the count is the analytic table's and the TP=1 PP=1
+    boundary, the (math) softmax runs in bf16; the count is the analytic table's and the TP=1 PP=1
     model's numel (the variants add no parameter); a run without --squared-relu refuses the
     checkpoint before building a model, naming the activation."""
     from megatron.config.arguments import parse_args
@@ -262,3 +263,23 @@ def test_bf16_pp2_launch_with_the_variants_counts_trains_and_refuses_another_var
     assert proc.returncode == 2
     assert "activation: saved squared_relu vs now gelu" in proc.stdout
     assert "model parameters (exact)" not in proc.stdout
+
+
+def test_memory_estimate_follows_the_residual_and_softmax_dtypes():
+    """bf16, ZeRO 1, 1 rank, micro-batch 2 (s 32, h 64, 4 heads, 2 layers): the estimate is within 5%
+    of the bytes autograd saved for backward (without the two terms: 9% and 14% off), and moves by
+    hand: the fp32 residual stream adds 2 bytes per element of the 5 norms' inputs (2 per layer,
+    the final one), 5 x 2 x s b h; a bf16 softmax in the math path keeps its bf16 output instead of
+    the fp32 probabilities and their bf16 copy, 4 bytes less per element of b a s^2 per layer."""
+    from tests.support.memory_runs import first_iteration
+    base = ["--global-batch-size", "2", "--bf16", "--zero-stage", "1"]
+    runs = {}
+    for name, extra in (("plain", []), ("fp32_residual", ["--fp32-residual-connection"]),
+                        ("math", ["--attention-impl", "math"]),
+                        ("math_bf16_softmax", ["--attention-impl", "math", "--no-query-key-layer-scaling"])):
+        [(_, _, _, _, predicted, measured)] = run_distributed(1, first_iteration, base + extra)[0]
+        runs[name] = predicted["activations"]
+        assert 0.95 <= measured["activations"] / predicted["activations"] <= 1.05, (name, predicted, measured)
+    b, s, h, a, layers = 2, 32, 64, 4, 2
+    assert runs["fp32_residual"] - runs["plain"] == 2 * (2 * layers + 1) * s * b * h
+    assert runs["math"] - runs["math_bf16_softmax"] == 4 * b * a * s * s * layers
