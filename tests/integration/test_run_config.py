@@ -95,7 +95,10 @@ def test_configuration_is_frozen_after_initialization():
     # lengths; --eval-interval 1000 of --eval-iters 100; no exit flag, no signal handler (SIGTERM its
     # signal), the NaN check on, the spike check off
     lr_schedule, evaluation, exit_settings, data = out["sections"]
-    assert lr_schedule == (1e-4, 0.0, "linear", 0, 8, None, None, 32, False, False)
+    # no WSD cool-down (default shape exponential); a constant weight decay: --weight-decay (0.01) at
+    # both ends, over the run's 8 samples (2 iterations x a global batch of 4)
+    assert lr_schedule == (1e-4, 0.0, "linear", 0, 8, None, None, 32, False, False, None, None, "exponential",
+                           0.01, 0.01, 8, "constant")
     assert evaluation == (1000, 100) and exit_settings == (None, None, None, False, "SIGTERM", True, False)
     # micro batch 2, global batch 4, the training split sized for 2 iterations x 4 = 8 samples, no
     # loader workers (--num-workers 0), none set for validation, no skipped iterations
