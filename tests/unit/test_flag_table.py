@@ -125,6 +125,9 @@ ITEM_7 = [
                                             "the equivalent) is not supported by this trainer; use --zero-stage 1"),
     ({"--profile": "pt", "--profile_steps": "2,3"}, "--profile: the torch profiler is not supported by this "
                                                     "trainer; drop the flag (the log line has the iteration time)"),
+    # Megatron-LM's spelling, a switch (examples/llama/train_llama3_8b_h100_fp8.sh)
+    ({"--profile": None}, "--profile: the torch profiler is not supported by this trainer; drop the flag (the log "
+                          "line has the iteration time)"),
     ({"--vision-pretraining": None}, "--vision-pretraining: a flag of vision (ViT, DINO, image classification / "
                                      "segmentation) models; this trainer is GPT pretraining (pretrain_gpt.py): drop "
                                      "the flag"),
@@ -179,8 +182,8 @@ PUBLISHED = {  # script -> its one line (None: it validates)
         "--softmax-type, --window-attn-skip-freq, --activation-func-clamp-value, --window-size, --enable-gpt-oss, "
         "--moe-ffn-hidden-size, --moe-router-dtype, --moe-z-loss-coeff, --moe-permute-fusion, "
         "--disable-bf16-reduced-precision-matmul, --moe-per-layer-logging"),
-    # Megatron-LM's --profile is a switch; the forks' (declared here) takes a value
-    "megatron_lm_llama3_8b_fp8": "argument --profile: expected one argument",
+    "megatron_lm_llama3_8b_fp8": "--decoupled-lr: a separate learning rate for the embedding and output layers is "
+                                 "not supported by this trainer; drop the flag",
     "megatron_lm_llama3_8b_fsdp_fp8": UNRECOGNIZED.format(
         "--use-megatron-fsdp, --data-parallel-sharding-strategy, --init-model-with-meta-device, --use-nccl-ub, "
         "--fsdp-double-buffer, --fsdp-manual-registration, --logging-level"),
