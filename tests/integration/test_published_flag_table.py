@@ -36,7 +36,8 @@ SHRINKABLE_HERE = SHRINKABLE | {"--wandb-save-dir", "--data-cache-path"}
 TINY = {"--num-layers": 2, "--hidden-size": 32, "--ffn-hidden-size": 64, "--num-attention-heads": 4,
         "--seq-length": 32, "--max-position-embeddings": 32, "--micro-batch-size": 1, "--global-batch-size": 2,
         "--train-iters": 3, "--train-samples": 6, "--tensor-model-parallel-size": 1,
-        "--pipeline-model-parallel-size": 1, "--eval-iters": 1, "--eval-interval": 2, "--save-interval": 1000}
+        "--pipeline-model-parallel-size": 1, "--eval-iters": 1, "--eval-interval": 2, "--save-interval": 1000,
+        "--rampup-batch-size": (1, 1, 4), "--lr-decay-samples": 6, "--lr-warmup-samples": 1}
 # the refused scripts' layouts on two ranks where the script's feature needs pipeline stages
 TWO_STAGES = {"deepspeedai_gpt3_functional_test_vp2", "megatron_lm_gpt3_175b", "megatron_lm_mixtral_8x7b"}
 

@@ -166,6 +166,10 @@ PUBLISHED = {  # script -> its one line (None: it validates)
     "megatron_lm_mixtral_8x7b": "argument --tokenizer-type: invalid choice: 'Llama2Tokenizer' (choose from "
                                 "'GPT2BPETokenizer', 'NullTokenizer', 'PretrainedFromHF', 'HFTokenizer', "
                                 "'GPTSentencePieceTokenizer')",
+    # BigScience's prefix-LM experiment with --reset-attention-mask (its pretrain_prefix_lm.py's flags)
+    "bigscience_tr6c_350M_prefix_lm_reset_attention": "--loss-on-targets-only: a flag of prefix-LM / multitask "
+                                                      "finetuning (BigScience) models; this trainer is GPT "
+                                                      "pretraining (pretrain_gpt.py): drop the flag",
     # Megatron-LM's newer scripts (d98e8a64): each stops at the parser, before its issue-39 flags matter
     "megatron_lm_deepseek_v3_fsdp_wandb": "argument --tokenizer-type: invalid choice: 'HuggingFaceTokenizer' "
                                           "(choose from 'GPT2BPETokenizer', 'NullTokenizer', 'PretrainedFromHF', "
@@ -192,6 +196,7 @@ PUBLISHED = {  # script -> its one line (None: it validates)
 WORLD = {"argonne_llama2_wandb": 16,  # TP 2 x PP 2 x DP 4: 32 = 4 micro-batches x 4 x 2 accumulation
          "megatron_lm_llama3_8b_fp8": 8, "megatron_lm_llama3_8b_fsdp_fp8": 8,  # one node of 8 GPUs
          "megatron_lm_gptoss_20b": 8, "megatron_lm_gpt3_gdn_tp2": 8,
+         "bigscience_tr6c_350M_prefix_lm_reset_attention": 16,  # 4 nodes of 4 GPUs, TP 4
          "megatron_lm_deepseek_v3_fsdp_wandb": 64, "megatron_lm_gpt3_15b_8t_release": 64}
 
 

@@ -13,7 +13,7 @@ cat > "$scratch/bin/capture" <<'STUB'
 found=0
 for a in "$@"; do
   [ $found = 1 ] && printf '%s\n' "$a" >> "$CAPTURE"
-  case "$a" in *pretrain_gpt.py) found=1 ;; esac
+  case "$a" in *pretrain_gpt.py|*pretrain_prefix_lm.py) found=1 ;; esac
 done
 exit 0
 STUB
