@@ -500,7 +500,7 @@ ROWS: tuple[Row, ...] = (
     Row("--profile", "mal", REFUSED,
         "the torch profiler",
         "drop the flag (the log line has the iteration time)",
-        "1"),
+        "?"),  # the forks' --profile takes pt / pt-full; Megatron-LM's is a switch (its llama3 example)
     Row("--profile-ranks", "mal", REFUSED,
         "the torch profiler",
         "drop the flag (the log line has the iteration time)",

@@ -2,17 +2,18 @@
 # render.sh SCRIPT OUT [ARGS...]: run a published launch script with stub launchers and write the arguments
 # it passes to pretrain_gpt.py (one per line) to OUT. How the files next to this one were made.
 # The script runs in a scratch directory; `set -e`, `source` and `module` lines are dropped, the
-# launchers (deepspeed, torchrun, python, srun, ...) only record, nvidia-smi / ds_ssh report 8
+# launchers (deepspeed, torchrun, python, srun, sbatch, uv run, ...) only record, nvidia-smi / ds_ssh report 8
 # GPUs on 8 nodes, `date` is fixed, and the cluster variables are placeholders.
 set -u
 script=$(readlink -f "$1"); out=$(readlink -f "$2")
 scratch=$(mktemp -d); mkdir -p "$scratch/bin" "$scratch/cwd"
+: > "$scratch/cwd/pretrain_gpt.py"  # Megatron-LM's examples stop unless run from the repository root
 cat > "$scratch/bin/capture" <<'STUB'
 #!/bin/bash
 found=0
 for a in "$@"; do
   [ $found = 1 ] && printf '%s\n' "$a" >> "$CAPTURE"
-  case "$a" in *pretrain_gpt.py) found=1 ;; esac
+  case "$a" in *pretrain_gpt.py|*pretrain_prefix_lm.py) found=1 ;; esac
 done
 exit 0
 STUB
@@ -23,6 +24,8 @@ printf '#!/bin/bash\necho header; echo header\nfor h in 1 2 3 4 5 6 7 8; do "$@"
 printf '#!/bin/bash\nexec /bin/date -u -d @1700000000 "$@"\n' > "$scratch/bin/date"
 printf '#!/bin/bash\necho node1\n' > "$scratch/bin/scontrol"
 printf '#!/bin/bash\nexit 0\n' > "$scratch/bin/clear"
+printf '#!/bin/bash\nexec bash\n' > "$scratch/bin/sbatch"  # runs the job script it reads (its srun line)
+printf '#!/bin/bash\n[ "$1" = run ] && shift\nexec "$@"\n' > "$scratch/bin/uv"  # `uv run CMD`: CMD
 for n in deepspeed torchrun python python3 mpirun; do ln -s capture "$scratch/bin/$n"; done
 chmod +x "$scratch"/bin/*
 sed -E -e 's/^\s*set -.*$//' -e 's/^\s*(source|module|conda) .*$//' "$script" > "$scratch/script.sh"
