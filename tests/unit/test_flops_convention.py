@@ -72,3 +72,17 @@ def test_mfu_says_which_it_used():
     causal = LoggingConfig.from_args(validated(["--peak-tflops", 100, "--flops-attention", "causal"]))
     assert causal.mfu.reason.endswith("; model FLOPs with attention's s^2 terms halved for the causal mask "
                                       "(Megatron-LM's convention)")
+
+
+def test_the_convention_keeps_the_peak_and_says_itself():
+    """Naming the convention changes only the startup line: the peak MFU divides by stays (a lost
+    peak would turn MFU off), and no peak stays no peak (the reason says why)."""
+    from megatron.metrics.mfu import MfuSettings, with_flops_convention
+    given = MfuSettings(989.0, "--peak-tflops 989")
+    assert with_flops_convention(given, causal=True) == MfuSettings(
+        989.0, "--peak-tflops 989; model FLOPs with attention's s^2 terms halved for the causal mask "
+               "(Megatron-LM's convention)")
+    assert with_flops_convention(given, causal=False) == MfuSettings(
+        989.0, "--peak-tflops 989; model FLOPs with attention's s^2 terms in full (both forks' convention)")
+    none = MfuSettings(None, "no peak known for this device")
+    assert with_flops_convention(none, causal=True) == none
