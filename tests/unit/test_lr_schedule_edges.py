@@ -123,3 +123,15 @@ def test_curriculum_tokens_in_token_mode_and_their_resume():
     resumed, _ = schedule(decay_samples=8, tokens_per_sample=16, decay_tokens=100)
     resumed.load_state_dict({**from_samples.state_dict(), "decay_tokens": 100})  # the flags' token decay
     assert resumed.num_tokens == 3 * 16 and resumed.get_lr() == 1.0 - 48 / 100
+
+
+def test_wsd_lengths_of_args_without_the_wsd_flags():
+    # an args namespace built before the WSD flags existed: no cool-down, (None, None)
+    from megatron.schedules.learning_rates import wsd_decay_lengths
+    assert wsd_decay_lengths(SimpleNamespace(train_iters=10, global_batch_size=8)) == (None, None)
+    assert wsd_decay_lengths(SimpleNamespace(train_iters=None, global_batch_size=8)) == (None, None)
+    # with them: 3 iterations x 8 = 24 samples; --train-samples: the samples as given
+    assert wsd_decay_lengths(SimpleNamespace(train_iters=10, global_batch_size=8, lr_wsd_decay_iters=3,
+                                             lr_wsd_decay_tokens=96)) == (24, 96)
+    assert wsd_decay_lengths(SimpleNamespace(train_iters=None, global_batch_size=8,
+                                             lr_wsd_decay_samples=40)) == (40, None)

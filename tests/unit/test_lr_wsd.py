@@ -105,3 +105,61 @@ def test_refusals(extra, line):
     with pytest.raises(ConfigError) as e:
         validated(extra)
     assert str(e.value) == line
+
+
+# survivors of the mutation run (benchmarks/mutation.sh learning_rates), each value by hand
+
+
+def test_default_cool_down_shape_is_exponential():
+    # Megatron-LM's --lr-wsd-decay-style default; r = 10/40 at 80: 2 * 0.5^0.25 - 1 = 0.6817928305074290
+    schedule = AnnealingLR(SimpleNamespace(param_groups=[{}]), MAX, MIN, 10, 110, "WSD", wsd_decay_samples=40)
+    assert schedule.step(80) == pytest.approx(MIN + (2 * 0.8408964152537145 - 1) * (MAX - MIN), rel=1e-12)
+
+
+def test_zero_cool_down_stays_at_max_through_the_decay_length():
+    # Megatron-LM: num_steps > decay -> min_lr; else anneal_start = decay - wsd_decay = 110 - 0 = 110,
+    # num_steps <= 110 -> coeff 1 -> max_lr. --lr-wsd-decay-iters 0 passes validation (0 <= room).
+    schedule = wsd("linear", wsd_decay_samples=0)
+    assert schedule.step(110) == MAX  # n = decay = the cool-down's start: stable, no 0/0
+    assert schedule.step(1) == MIN    # 111 > 110
+
+
+def test_sample_mode_cool_down_ignores_tokens_per_sample():
+    # no token length given: samples; the cool-down is the last 40 samples (not 40 x 4), from 70;
+    # at 80: r = 10/40, linear 0.75
+    schedule = wsd("linear", tokens_per_sample=4)
+    assert schedule.step(70) == MAX
+    assert schedule.step(10) == pytest.approx(MIN + 0.75 * (MAX - MIN), rel=1e-12)
+
+
+def test_cool_down_lengths_only_with_wsd():
+    # a cosine schedule given WSD's lengths (as the run config passes them) keeps none of them: it
+    # stays in sample mode (no token position saved) and resumes from its own state
+    kw = dict(warmup_samples=0, decay_samples=10, decay_style="cosine", tokens_per_sample=4,
+              wsd_decay_samples=4, wsd_decay_tokens=16)
+    cosine = AnnealingLR(SimpleNamespace(param_groups=[{}]), MAX, MIN, **kw)
+    assert (cosine.wsd_decay_samples, cosine.wsd_decay_tokens, cosine.token_based) == (None, None, False)
+    cosine.step(5)  # r = 5/10: 0.1 + 0.5 x (cos(pi/2) + 1) x 0.9 = 0.55
+    state = cosine.state_dict()
+    assert state["num_tokens"] is None and "wsd_decay_steps" not in state
+    resumed = AnnealingLR(SimpleNamespace(param_groups=[{}]), MAX, MIN, **kw)
+    resumed.load_state_dict(state)
+    assert resumed.get_lr() == pytest.approx(0.55, rel=1e-12)
+
+
+def test_state_dict_keys_and_round_trip():
+    state = wsd("linear").state_dict()
+    assert (state["wsd_decay_steps"], state["wsd_decay_tokens"], state["lr_wsd_decay_style"]) == (40, None, "linear")
+    saved = wsd("linear", tokens_per_sample=8, wsd_decay_samples=None, wsd_decay_tokens=160)
+    saved.step(90)
+    state = saved.state_dict()
+    assert (state["wsd_decay_steps"], state["wsd_decay_tokens"]) == (None, 160)
+    fresh = wsd("linear")
+    fresh.load_state_dict(fresh.state_dict())  # its own state: no refusal
+    resumed = wsd("linear", tokens_per_sample=8, wsd_decay_samples=None, wsd_decay_tokens=160)
+    resumed.load_state_dict(state)
+    assert resumed.step(10) == pytest.approx(MIN + 0.5 * 0.9, rel=1e-12)  # 800 tokens: r = 80/160
+    with pytest.raises(ConfigError, match="WSD decay tokens: saved 160 vs now 120"):
+        wsd("linear", tokens_per_sample=8, wsd_decay_samples=None, wsd_decay_tokens=120).load_state_dict(state)
+    with pytest.raises(ConfigError, match="WSD decay samples: saved 40 vs now 20"):
+        wsd("linear", wsd_decay_samples=20).load_state_dict(wsd("linear").state_dict())

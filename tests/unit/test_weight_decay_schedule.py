@@ -90,3 +90,68 @@ def test_flags_as_megatron_checks_them():
                              "--end-weight-decay", "0.1"], "only increases")):
         with pytest.raises(ConfigError, match=message):
             validated(extra)
+
+
+# survivors of the mutation run (benchmarks/mutation.sh learning_rates), each value by hand
+
+
+def test_constant_style_is_end_wd_at_every_point():
+    # the docstring's "constant: end_wd" (Megatron asserts start == end there): no ramp is computed
+    from megatron.schedules.learning_rates import weight_decay_at
+    assert [weight_decay_at(s, 0.02, 0.1, 100, "constant") for s in (0, 30, 100, 150)] == [0.1] * 4
+
+
+def _groups_and_opt():
+    w, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    return torch.optim.AdamW([{"params": [w], "weight_decay": 0.5, "wd_mult": 1.0},
+                              {"params": [b], "weight_decay": 0.0}], lr=1.0)
+
+
+@pytest.mark.parametrize("start, end, incr", [(None, None, None), (0.02, 0.1, None), (None, 0.1, 100),
+                                              (0.02, None, 100)])
+def test_no_increment_leaves_the_groups_weight_decay(start, end, incr):
+    # any of the three missing: no increment (get_wd None), the groups keep their 0.5 and 0.0
+    opt = _groups_and_opt()
+    sched = AnnealingLR(opt, 1e-3, 0.0, 0, 100, "constant", start_wd=start, end_wd=end, wd_incr_samples=incr,
+                        wd_incr_style="linear")
+    sched.step(30)
+    assert sched.get_wd() is None
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.5, 0.0]
+
+
+def test_increment_moves_only_groups_with_wd_mult():
+    # linear from 0.02 to 0.1 over 100: at 30 samples 0.02 + 0.08 x 0.3 = 0.044 (wd_mult 1); the group
+    # without wd_mult keeps its 0.0
+    opt = _groups_and_opt()
+    AnnealingLR(opt, 1e-3, 0.0, 0, 100, "constant", start_wd=0.02, end_wd=0.1, wd_incr_samples=100,
+                wd_incr_style="linear").step(30)
+    assert [g["weight_decay"] for g in opt.param_groups] == [pytest.approx(0.044), 0.0]
+
+
+def test_checkpoint_saved_before_the_increment_existed_loads():
+    # such a state has none of start_wd / end_wd / wd_incr_steps / wd_incr_style: they are not checked
+    # (here the flags' constant style and 0.1 against the absent keys); the rest still is
+    sched, opt = _scheduler("constant", start=0.1, end=0.1)
+    state = {k: v for k, v in sched.state_dict().items()
+             if k not in ("start_wd", "end_wd", "wd_incr_steps", "wd_incr_style")}
+    state["num_steps"] = 30
+    sched.load_state_dict(state)
+    assert sched.num_samples == 30 and opt.param_groups[0]["weight_decay"] == 0.1
+    del state["decay_style"]  # a schedule key missing is still a difference
+    with pytest.raises(ConfigError, match="decay style: saved None vs now constant"):
+        _scheduler("constant", start=0.1, end=0.1)[0].load_state_dict(state)
+
+
+def test_run_length_in_samples():
+    from types import SimpleNamespace
+
+    from megatron.schedules.learning_rates import weight_decay_samples
+    base = dict(global_batch_size=8, micro_batch_size=1, data_parallel_size=1, rampup_batch_size=None,
+                seq_length=10, train_tokens=None)
+    # --train-iters 10 x 8 = 80; --train-samples 100 as given (not rounded up to 13 x 8 = 104)
+    assert weight_decay_samples(SimpleNamespace(train_iters=10, train_samples=None, **base)) == 80
+    assert weight_decay_samples(SimpleNamespace(train_iters=None, train_samples=100, **base)) == 100
+    # neither: the run's length, here --train-tokens 1000 of 8 x 10 tokens an iteration:
+    # ceil(1000 / 80) = 13 iterations x 8 = 104 samples
+    assert weight_decay_samples(SimpleNamespace(train_iters=None, train_samples=None,
+                                                **{**base, "train_tokens": 1000})) == 104
