@@ -15,7 +15,10 @@ import os
 import pytest
 
 from tests.conftest import SENTENCEPIECE_SIZE
-from tests.integration.test_published_families import (
+from tests.support.distributed import run_distributed
+from tests.support.flag_table_scripts import PUBLISHED
+from tests.support.published_scripts import HERE, load
+from tests.support.shrink_scripts import (
     GPT2,
     SHRINKABLE,
     ds_config,
@@ -24,9 +27,6 @@ from tests.integration.test_published_families import (
     outputs,
     shrink,
 )
-from tests.support.distributed import run_distributed
-from tests.support.published_scripts import HERE, load
-from tests.unit.test_flag_table import PUBLISHED
 
 FOLDER = os.path.join(HERE, "data", "published_scripts", "flag_table")
 # the W&B directory and the Megatron-LM scripts' data cache are output paths too

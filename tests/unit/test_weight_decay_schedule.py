@@ -155,3 +155,14 @@ def test_run_length_in_samples():
     # ceil(1000 / 80) = 13 iterations x 8 = 104 samples
     assert weight_decay_samples(SimpleNamespace(train_iters=None, train_samples=None,
                                                 **{**base, "train_tokens": 1000})) == 104
+
+
+def test_the_last_sample_of_the_increment_takes_megatrons_formula():
+    """At samples == the increment's length Megatron's get_wd has not returned end_wd yet (`>`, not
+    `>=`): the ramp's value there is start + 1.0 * (end - start), which in floating point is not
+    always end (0.033 + (0.317 - 0.033) = 0.31700000000000006)."""
+    from megatron.schedules.learning_rates import weight_decay_at
+    assert 0.033 + 1.0 * (0.317 - 0.033) == 0.31700000000000006  # the arithmetic, by hand
+    for style in ("linear", "cosine"):  # both coefficients are exactly 1.0 at the end
+        assert weight_decay_at(80, 0.033, 0.317, 80, style) == 0.31700000000000006
+    assert weight_decay_at(81, 0.033, 0.317, 80, "linear") == 0.317  # past it: end_wd itself
