@@ -1,13 +1,14 @@
 """The FLOPs convention (--flops-attention): the forks count attention's s^2 terms in full,
 Megatron-LM halves them for the causal mask. Both counts worked out by hand for one stated tiny
 config; the startup report, tools/param_count.py, TensorBoard and the MFU line say which is used."""
+import importlib
+
 import pytest
 
 from megatron.metrics.config import LoggingConfig
 from megatron.metrics.training_log import log_model_size
 from megatron.model.analytic import analytic_parameter_counts, flops_per_sample
 from megatron.utils import cache_parameter_counts, format_parameter_report
-from tests.support.tool_modules import load_tool
 from tests.support.validated_args import validated
 
 # tests/support/validated_args.py's BASE: 4 layers, h 64, 4 heads, s 32, ffn 4h = 256, vocab 600
@@ -56,7 +57,8 @@ def test_the_run_caches_reports_and_writes_its_convention(extra, flops, line):
 
 
 def test_param_count_tool_states_it():
-    tool = load_tool("param_count")
+    # imported under its own name (not load_tool's), so that mutation testing reaches it
+    tool = importlib.import_module("tools.param_count")
     flags = ["--num-layers", 4, "--hidden-size", 64, "--num-attention-heads", 4, "--seq-length", 32,
              "--max-position-embeddings", 32, "--vocab-size", 600]
     for extra, flops, line in (((), FULL, FULL_LINE), (("--flops-attention", "causal"), CAUSAL, CAUSAL_LINE)):
