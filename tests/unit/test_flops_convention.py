@@ -50,10 +50,10 @@ def test_the_run_caches_reports_and_writes_its_convention(extra, flops, line):
             pass
 
         def add_text(self, tag, text, step):
-            self.texts[tag] = text
+            self.texts[tag] = (text, step)
     writer = Writer()
     log_model_size(writer, args, False, report)
-    assert writer.texts["model/FLOPs convention"] == line
+    assert writer.texts["model/FLOPs convention"] == (line, 0)
 
 
 def test_param_count_tool_states_it():

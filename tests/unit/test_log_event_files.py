@@ -145,6 +145,9 @@ def test_fork_switches_loss_scale_world_size_memory(tmp_path, capsys):
     for suffix, step in zip(AXES[:3], STEPS[:3], strict=True):
         assert scalars[f"loss-scale/loss-scale{suffix}"] == [(step, 4096.0)]
         assert scalars[f"world-size/world-size{suffix}"] == [(step, 4.0)]  # CONFIG: 4 ranks
+    # on the iteration, samples and tokens axes only (not gigaflos)
+    for group in ("loss-scale/loss-scale", "world-size/world-size"):
+        assert sorted(tag for tag in scalars if tag.startswith(group)) == sorted(group + s for s in AXES[:3])
     assert scalars["mem-reserved-bytes"] == [(12, 1048576.0)]
     assert scalars["mem-allocated-bytes"] == [(12, 5000.0)]
     assert scalars["mem-allocated-count"] == [(12, 7.0)]
@@ -172,3 +175,20 @@ def test_memory_to_tensorboard_needs_cuda():
     from tests.support.validated_args import validated
     with pytest.raises(ConfigError, match="--log-memory-to-tensorboard logs torch.cuda.memory_stats"):
         validated(["--log-memory-to-tensorboard"], cuda=False)
+
+
+def test_timing_across_ranks_in_the_log_and_tensorboard(tmp_path, capsys):
+    """--timing-log-option minmax with rank 1 the slower (10 ms and 30 ms): Megatron-LM's block with
+    the slowest rank named, and the max, min and slowest rank as scalars at the iteration (12)."""
+    import dataclasses
+    config = dataclasses.replace(CONFIG, timing_log_option="minmax")
+    scalars = _event_scalars(tmp_path, config, loss_scale=None, rank_times=[10.0, 30.0])
+    assert scalars["iteration-time/iteration-time max (ms)"] == [(12, 30.0)]
+    assert scalars["iteration-time/iteration-time min (ms)"] == [(12, 10.0)]
+    assert scalars["iteration-time/slowest rank"] == [(12, 1.0)]
+    out = capsys.readouterr().out
+    assert "(min, max) time across ranks (ms):\n" in out and ": (10.00, 30.00) | slowest rank: 1" in out
+    # without the option, no block and no scalar, whatever times are given
+    scalars = _event_scalars(tmp_path / "off", CONFIG, loss_scale=None, rank_times=[10.0, 30.0])
+    assert not [tag for tag in scalars if "across" in tag or "slowest" in tag or " max (ms)" in tag]
+    assert "across ranks" not in capsys.readouterr().out
