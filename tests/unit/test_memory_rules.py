@@ -255,3 +255,52 @@ def test_uniform_chunks_of_two_layers():
     per_mb = 4 * S * H + EMBEDDING + HEAD
     assert activation_bytes(tiny(), setup, 0) == (EMBEDDING + 2 * LAYER, per_mb, 1)
     assert EMBEDDING + 2 * LAYER > per_mb
+
+
+def test_bf16_softmax_dtype_and_fp32_residual_activations_by_hand():
+    """bf16 (2-byte activations) on the tiny shape, one sequence. A layer without the attention core:
+    2 x 32 x (4 x 64 + 4 x 64 + 2 x 256) + 16 x 32 = 66,048 bytes; the math core adds 4 x 32 x 32
+    scores per kind of saved tensor and a 2 x 32 x 64 = 4,096-byte contiguous context."""
+    base, scores, context = 66_048, 4 * 32 * 32, 4_096
+    softmax = dict(precision="bf16", attention_impl="math")
+    # --no-query-key-layer-scaling: the softmax output in bf16 (2), with dropout also its bf16
+    # output (2) and the 1-byte mask
+    bf16_softmax = TrainingSetup(**softmax, softmax_in_fp32=False)
+    assert layer_activation_bytes(tiny(), bf16_softmax, 1) == base + scores * 2 + context == 78_336
+    dropped = TrainingSetup(**softmax, softmax_in_fp32=False, attention_dropout=0.1)
+    assert layer_activation_bytes(tiny(), dropped, 1) == base + scores * (2 + 2 + 1) + context == 90_624
+    # the fp32 softmax (4) and its bf16 copy (2)
+    fp32_softmax = TrainingSetup(**softmax, softmax_in_fp32=True)
+    assert layer_activation_bytes(tiny(), fp32_softmax, 1) == base + scores * (4 + 2) + context == 94_720
+    # --fp32-residual-connection at TP 2 with --sequence-parallel: per rank 2 x 32 x (128 + 128 + 256)
+    # + 16 x 32 / 2 = 33,024, sdpa's logsumexp 4 x 2 heads x 32 = 256; the two norms' inputs are fp32,
+    # 2 extra bytes x 2 norms x 32 x 64 / 2 sequence shards = 4,096 more
+    tp2 = tiny(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    sp = dict(precision="bf16", sequence_parallel=True)
+    assert layer_activation_bytes(tp2, TrainingSetup(**sp), 1) == 33_024 + 256 == 33_280
+    residual = TrainingSetup(**sp, fp32_residual_connection=True)
+    assert layer_activation_bytes(tp2, residual, 1) == 33_280 + 4_096 == 37_376
+    # the last stage's head: the final norm's input (bf16: 2, fp32 residual: 4) and output (2) and
+    # its fp32 statistics per sequence shard, ((2 + 2) x 32 x 64 + 8 x 32) / 2 = 4,224; the fp32
+    # softmax over this rank's half of the vocab padded to 768 (a multiple of 128 x TP),
+    # 4 x 32 x 384 = 49,152; outside mask and local ids 9 x 32, loss mask 4 x 32 and the count 4
+    head = 4_224 + 49_152 + 9 * 32 + 4 * 32 + 4
+    assert activation_bytes(tp2, TrainingSetup(**sp), 1)[1] == 33_280 + head
+    assert activation_bytes(tp2, residual, 1)[1] == 37_376 + head + 2 * 32 * 64 // 2
+
+
+def test_setup_reads_the_residual_and_softmax_flags():
+    args = SimpleNamespace(deepspeed_config_dict=None, zero_stage=0, fp16=False, bf16=True, global_batch_size=None,
+                           micro_batch_size=1, data_parallel_size=1, no_pipeline_parallel=False, optimizer="adam",
+                           sgd_momentum=0.9, checkpoint_activations=False, checkpoint_num_layers=1,
+                           attention_impl="math", hidden_dropout=0.0, attention_dropout=0.0,
+                           model_shape=SimpleNamespace(is_moe=False), fp32_residual_connection=True,
+                           apply_query_key_layer_scaling=False, attention_softmax_in_fp32=False)
+    setup = TrainingSetup.from_args(args)
+    assert (setup.fp32_residual_connection, setup.softmax_in_fp32) == (True, False)
+    # Megatron-DeepSpeed's default: query-key layer scaling on, hence an fp32 softmax
+    defaults = SimpleNamespace(**{k: v for k, v in vars(args).items()
+                                  if k not in ("fp32_residual_connection", "apply_query_key_layer_scaling",
+                                               "attention_softmax_in_fp32")})
+    setup = TrainingSetup.from_args(defaults)
+    assert (setup.fp32_residual_connection, setup.softmax_in_fp32) == (False, True)

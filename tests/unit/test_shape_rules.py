@@ -33,6 +33,7 @@ REFUSALS = [
     (dict(swiglu=True, glu_activation="geglu"), "--swiglu contradicts --glu-activation geglu: drop one of them"),
     (dict(glu_activation="relu"), "--glu-activation relu: choose one of geglu, liglu, reglu, swiglu"),
     (dict(normalization="batchnorm"), "--normalization batchnorm: choose layernorm or rmsnorm"),
+    (dict(activation="relu"), "activation relu: choose one of gelu, openai_gelu, squared_relu"),
     (dict(swiglu=True, hidden_size=16),
      "--swiglu: the default ffn size int(8 x --hidden-size 16 / 3 / 64) x 64 is 0; pass --ffn-hidden-size"),
     (dict(hidden_size=66), "--hidden-size 66 is not divisible by --num-attention-heads 4: choose heads that divide "
