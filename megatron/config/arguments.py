@@ -86,11 +86,15 @@ def _add_network_size_args(parser):
     g.add_argument("--layernorm-epsilon", "--norm-epsilon", type=float, default=1e-5, help="LayerNorm and RMSNorm")
     g.add_argument("--attention-impl", choices=["sdpa", "math"], default="sdpa",
                    help="sdpa: torch.nn.functional.scaled_dot_product_attention; math: explicit matmuls")
-    # Megatron's kernel-fusion switches: this code base runs unfused ops, so "no fusion" is
-    # what it does anyway; accepted so existing launch scripts run unchanged.
+    # Megatron's kernel-fusion switches: this code base runs unfused ops unless --torch-compile, so
+    # "no fusion" is its default anyway; accepted so existing launch scripts run unchanged.
     for flag in ("--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
                  "--no-gradient-accumulation-fusion"):
-        g.add_argument(flag, action="store_true", help="accepted; no fused kernels are used")
+        g.add_argument(flag, action="store_true", help="accepted; unfused is the default (--torch-compile fuses)")
+    # opt-in while compiling costs start-up time (megatron/model/compiled.py)
+    g.add_argument("--torch-compile", action="store_true",
+                   help="torch.compile each transformer layer (inductor): fuses its elementwise chains (bias + "
+                        "GeLU, dropout + residual, norms); compiles at the first iterations")
     _add_architecture_variant_args(parser)
 
 

@@ -161,6 +161,7 @@ def validate_args(args: argparse.Namespace, world_size: int | None = None,
              f"--peak-tflops {args.peak_tflops} must be positive: the dense peak TFLOP/s of one device")
 
     _validate_moe(args)
+    _validate_torch_compile(args)
     _validate_sequence_parallel(args)
     _validate_batch_sizes(args)
     _validate_training_length(args)
@@ -229,6 +230,18 @@ def _validate_sequence_parallel(args):
     _require(not args.model_shape.is_moe,
              "--sequence-parallel with MoE layers (--num-experts) is not supported: the experts take whole "
              "sequences; drop --sequence-parallel")
+
+
+def _validate_torch_compile(args):
+    """--torch-compile runs the dense layers; DeepSpeed's MoE gating and Ulysses' all-to-all are
+    untested under TorchDynamo, so those combinations are refused rather than guessed."""
+    if not args.torch_compile:
+        return
+    _require(not args.model_shape.is_moe,
+             "--torch-compile compiles dense transformer layers only: drop it or --num-experts")
+    _require(args.ds_sequence_parallel_size == 1,
+             f"--torch-compile does not run with --ds-sequence-parallel-size {args.ds_sequence_parallel_size} "
+             f"(DeepSpeed-Ulysses): drop one of them")
 
 
 def _validate_moe(args):

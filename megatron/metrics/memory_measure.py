@@ -138,6 +138,10 @@ class MemoryProbe:
         self.gradients = None
         self.cuda = torch.cuda.is_available()
         self.saved = None
+        # --torch-compile: the measured iteration runs eagerly, as the prediction counts (inductor
+        # picks its own saved tensors, and saved-tensor hooks do not see inside compiled graphs);
+        # the layers compile at the next iteration
+        torch.compiler.set_stance("force_eager")
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         else:
@@ -152,6 +156,7 @@ class MemoryProbe:
         self.gradients, _ = _unique_bytes(tensors, self.weight_ptrs)
 
     def measure(self) -> dict[str, int]:
+        torch.compiler.set_stance("default")
         if self.saved is not None:
             self.saved.__exit__(None, None, None)
         basic = basic_optimizer(self.engine)

@@ -19,6 +19,7 @@ from .shm_comm import (
 )
 
 
+@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum over the TP group, in place: the partial sums (a row-parallel output, a gradient) are
     this function's to overwrite, so no copy (the forward marks its input dirty, so autograd
@@ -30,6 +31,7 @@ def _reduce(x: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_reduce(x, dist.ReduceOp.SUM, get_tensor_model_parallel_group())
 
 
+@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     world = get_tensor_model_parallel_world_size()
     if world == 1:
@@ -47,6 +49,7 @@ def _split_last_dim(x: torch.Tensor) -> torch.Tensor:
     return x.chunk(world, dim=-1)[rank].contiguous()
 
 
+@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
     """[s/tp, ...] on every rank -> [s, ...], rank r's part at r * s/tp."""
     world = get_tensor_model_parallel_world_size()
@@ -57,6 +60,7 @@ def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_gather(x, out, get_tensor_model_parallel_group())
 
 
+@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _reduce_scatter_first_dim(x: torch.Tensor) -> torch.Tensor:
     """[s, ...] partial sums on every rank -> this rank's [s/tp, ...] part of their sum."""
     world = get_tensor_model_parallel_world_size()

@@ -24,10 +24,12 @@ _MODEL_PARALLEL_RNG = "model-parallel-rng"
 _DS_CHECKPOINTING = False  # set by configure_deepspeed_checkpointing()
 
 
+@torch.compiler.disable  # --torch-compile: RNG state moves stay eager
 def _get_state() -> torch.Tensor:
     return torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.get_rng_state()
 
 
+@torch.compiler.disable  # --torch-compile: RNG state moves stay eager
 def _set_state(state: torch.Tensor) -> None:
     if torch.cuda.is_available():
         torch.cuda.set_rng_state(state)

@@ -23,6 +23,7 @@ from megatron.metrics.rank_timing import gather_rank_times
 from megatron.metrics.split_comparison import split_comparison_lines
 from megatron.metrics.training_log import IntervalStats
 from megatron.model.analytic import ParameterCounts, gigaflos_no_embeds
+from megatron.model.compiled import compile_transformer_layers
 from megatron.mpu.tp_sync import install_tp_duplicate_sync
 from megatron.runtime.deepspeed_internals import save_and_load_as_moe, skip_gradient_allreduce
 from megatron.runtime.global_vars import get_timers
@@ -169,6 +170,9 @@ class Trainer:
     def setup_model_and_optimizer(self, model_provider: Callable) -> None:
         args = self.args
         model = model_provider(args)
+        if args.torch_compile:
+            print_rank_0(f"--torch-compile: {compile_transformer_layers(model)} transformer layers compiled in place "
+                         f"(inductor); the first iterations include their compilation")
         if self.config.tensor_parallel.sync_duplicated_parameters:
             install_tp_duplicate_sync(model, mpu)
         # Megatron SP: norms and row-parallel biases saw one sequence shard each
