@@ -280,6 +280,7 @@ def test_bf16_softmax_dtype_and_fp32_residual_activations_by_hand():
     assert layer_activation_bytes(tp2, TrainingSetup(**sp), 1) == 33_024 + 256 == 33_280
     residual = TrainingSetup(**sp, fp32_residual_connection=True)
     assert layer_activation_bytes(tp2, residual, 1) == 33_280 + 4_096 == 37_376
+    assert type(layer_activation_bytes(tp2, residual, 1)) is int  # the table prints whole bytes
     # the last stage's head: the final norm's input (bf16: 2, fp32 residual: 4) and output (2) and
     # its fp32 statistics per sequence shard, ((2 + 2) x 32 x 64 + 8 x 32) / 2 = 4,224; the fp32
     # softmax over this rank's half of the vocab padded to 768 (a multiple of 128 x TP),
