@@ -153,8 +153,9 @@ class ParallelAttention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         doc_mask = document_mask(doc_ids) if self.reset_attention_mask and doc_ids is not None else None
         dropout_p = self.dropout_p if self.training else 0.0
-        # heads differ per TP rank, so their dropout masks come from the model-parallel RNG
-        with mpu.get_cuda_rng_tracker().fork():
+        # heads differ per TP rank, so their dropout masks come from the model-parallel RNG (no
+        # dropout draws nothing: no fork, which would split a --torch-compile graph)
+        with mpu.get_cuda_rng_tracker().fork() if dropout_p > 0 else contextlib.nullcontext():
             # sdpa's kernels accumulate the softmax in fp32 whatever the flags say, as the forks' fused
             # softmax and flash kernels do; the softmax's dtype is the math path's (the unfused softmax)
             if self.attention_impl == "sdpa":
@@ -197,7 +198,8 @@ class ParallelTransformerLayer(nn.Module):
     def _dropout_rng(self) -> contextlib.AbstractContextManager:
         # replicated hidden states: the default RNG, identical masks on every TP rank; sequence
         # shards / chunks: each rank's own masks, from the model-parallel RNG (as attention's dropout)
-        return mpu.get_cuda_rng_tracker().fork() if self.sequence_sharded else contextlib.nullcontext()
+        sharded = self.sequence_sharded and self.hidden_dropout > 0 and self.training  # else no draw
+        return mpu.get_cuda_rng_tracker().fork() if sharded else contextlib.nullcontext()
 
 
 Layer = Callable[..., torch.Tensor]  # (hidden states[, doc_ids]) -> hidden states

@@ -19,7 +19,6 @@ from .shm_comm import (
 )
 
 
-@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum over the TP group, in place: the partial sums (a row-parallel output, a gradient) are
     this function's to overwrite, so no copy (the forward marks its input dirty, so autograd
@@ -31,14 +30,18 @@ def _reduce(x: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_reduce(x, dist.ReduceOp.SUM, get_tensor_model_parallel_group())
 
 
-@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     world = get_tensor_model_parallel_world_size()
     if world == 1:
         return x
+    return torch.cat(_all_gather(x.contiguous(), world), dim=-1)
+
+
+@torch.compiler.disable  # --torch-compile: a collective stays eager (a graph break)
+def _all_gather(x: torch.Tensor, world: int) -> list[torch.Tensor]:
     parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=get_tensor_model_parallel_group())
-    return torch.cat(parts, dim=-1)
+    dist.all_gather(parts, x, group=get_tensor_model_parallel_group())
+    return parts
 
 
 def _split_last_dim(x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +52,6 @@ def _split_last_dim(x: torch.Tensor) -> torch.Tensor:
     return x.chunk(world, dim=-1)[rank].contiguous()
 
 
-@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
     """[s/tp, ...] on every rank -> [s, ...], rank r's part at r * s/tp."""
     world = get_tensor_model_parallel_world_size()
@@ -60,7 +62,6 @@ def _gather_first_dim(x: torch.Tensor) -> torch.Tensor:
     return tensor_model_parallel_all_gather(x, out, get_tensor_model_parallel_group())
 
 
-@torch.compiler.disable  # --torch-compile: a collective, not traced (a graph break)
 def _reduce_scatter_first_dim(x: torch.Tensor) -> torch.Tensor:
     """[s, ...] partial sums on every rank -> this rank's [s/tp, ...] part of their sum."""
     world = get_tensor_model_parallel_world_size()

@@ -201,6 +201,7 @@ def disable() -> None:
     _TP_GROUP = None
 
 
+@torch.compiler.disable  # --torch-compile: collectives stay eager (a graph break)
 def tensor_model_parallel_all_reduce(x: torch.Tensor, op: dist.ReduceOp.RedOpType,
                                      group: dist.ProcessGroup | None) -> torch.Tensor:
     """x in place over the TP group: shared memory when enabled for this tensor, else torch.distributed."""
@@ -210,6 +211,7 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor, op: dist.ReduceOp.RedOpTyp
     return x
 
 
+@torch.compiler.disable  # --torch-compile: collectives stay eager (a graph break)
 def tensor_model_parallel_all_gather(x: torch.Tensor, out: torch.Tensor,
                                      group: dist.ProcessGroup | None) -> torch.Tensor:
     """out = the TP ranks' x along dim 0 (sequence parallelism): shared memory when enabled, else
@@ -220,6 +222,7 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, out: torch.Tensor,
     return out
 
 
+@torch.compiler.disable  # --torch-compile: collectives stay eager (a graph break)
 def tensor_model_parallel_reduce_scatter(x: torch.Tensor, out: torch.Tensor,
                                          group: dist.ProcessGroup | None) -> torch.Tensor:
     """out = this TP rank's dim-0 part of the ranks' x summed (sequence parallelism): shared memory
