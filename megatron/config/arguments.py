@@ -364,6 +364,8 @@ def _add_logging_args(parser):
     # both forks and Megatron-LM: the TensorBoard scalars also to Weights & Biases (the last rank's)
     g.add_argument("--wandb-project", type=str, default="", help="the W&B project; empty: no W&B (the default)")
     g.add_argument("--wandb-exp-name", type=str, default="", help="the W&B run's name (needed with --wandb-project)")
+    g.add_argument("--wandb-entity", type=str, default="",
+                   help="Megatron-LM: the W&B team or user the run belongs to (default: wandb's own)")
     g.add_argument("--wandb-save-dir", type=str, default="",
                    help="where W&B writes its files locally (default: --save/wandb)")
     g.add_argument("--log-progress", action="store_true",

@@ -26,14 +26,6 @@ class Row(NamedTuple):
     shape: str = ""  # a flag declared from this table: "" a switch, "1" one value, "*" / "+" / "?" argparse's nargs
 
 
-# Flags other engineers of issue 39 are implementing: refused as "not implemented yet" until their
-# work is merged; flipping one = moving it into ROWS as IMPLEMENTED. flag -> (forks, shape)
-NOT_IMPLEMENTED_YET: dict[str, tuple[str, str]] = {
-    # engineer g
-    # engineer h
-    "--wandb-entity": ("L", "1"),
-}
-
 # the forks' --no-*-fusion switches ask for what runs here by default
 UNFUSED = "unfused ops are the default here (fusion is opt-in: --torch-compile)"
 
@@ -53,6 +45,7 @@ ROWS: tuple[Row, ...] = (
     Row("--lr-wsd-decay-samples", "l", IMPLEMENTED),
     Row("--lr-wsd-decay-style", "l", IMPLEMENTED),
     Row("--timing-log-option", "mal", IMPLEMENTED),
+    Row("--wandb-entity", "L", IMPLEMENTED),
     Row("--wandb-exp-name", "mal", IMPLEMENTED),
     Row("--wandb-project", "mal", IMPLEMENTED),
     Row("--wandb-save-dir", "mal", IMPLEMENTED),
@@ -675,14 +668,9 @@ ROWS: tuple[Row, ...] = (
 )
 
 
-PENDING = "not implemented yet"
-
-
 def rows() -> tuple[Row, ...]:
-    """ROWS and the not-yet-implemented flags, sorted by flag."""
-    pending = tuple(Row(flag, forks, REFUSED, PENDING, "", shape)
-                    for flag, (forks, shape) in NOT_IMPLEMENTED_YET.items())
-    return tuple(sorted(ROWS + pending, key=lambda row: row.flag.lower()))
+    """ROWS sorted by flag."""
+    return tuple(sorted(ROWS, key=lambda row: row.flag.lower()))
 
 
 def by_status(status: str) -> dict[str, Row]:
@@ -694,8 +682,6 @@ def refusal(row: Row) -> str:
     if row.status == OTHER_MODEL:
         return (f"{row.flag}: a flag of {row.why} models; this trainer is GPT pretraining (pretrain_gpt.py): "
                 f"drop the flag")
-    if row.why == PENDING:
-        return f"{row.flag}: {PENDING} in this trainer; drop the flag"
     return f"{row.flag}: {row.why} is not supported by this trainer; {row.instead or 'drop the flag'}"
 
 

@@ -42,6 +42,7 @@ class LoggingConfig:
     writes_wandb: bool = False
     wandb_project: str = ""
     wandb_exp_name: str = ""
+    wandb_entity: str = ""  # "": wandb's default entity
     wandb_dir: str = ""
     wandb_config: tuple = ()
 
@@ -60,6 +61,7 @@ class LoggingConfig:
                    log_progress=args.log_progress, timing_log_option=args.timing_log_option,
                    writes_wandb=bool(args.wandb_project) and args.rank == args.world_size - 1,
                    wandb_project=args.wandb_project, wandb_exp_name=args.wandb_exp_name,
+                   wandb_entity=args.wandb_entity,
                    wandb_dir=args.wandb_save_dir or (os.path.join(args.save, "wandb") if args.save else ""),
                    wandb_config=tuple((k, v) for k, v in sorted(vars(args).items())
                                       if isinstance(v, (bool, int, float, str, type(None)))),

@@ -1,5 +1,5 @@
 """Weights & Biases logging (--wandb-project, --wandb-exp-name, --wandb-save-dir: both forks' and
-Megatron-LM's flags): the TensorBoard scalars, also to W&B. `wandb` is an optional extra
+Megatron-LM's flags; --wandb-entity: Megatron-LM's): the TensorBoard scalars, also to W&B. `wandb` is an optional extra
 (pip install -e ".[wandb]"); validation refuses the flags in one line without it. WANDB_MODE=offline
 writes the run under --wandb-save-dir with no network (`wandb sync` uploads it later)."""
 from typing import Any
@@ -18,7 +18,7 @@ class WandbWriter:
         import wandb
         os.makedirs(config.wandb_dir, exist_ok=True)
         self.run = wandb.init(dir=config.wandb_dir, project=config.wandb_project, name=config.wandb_exp_name,
-                              config=dict(config.wandb_config))
+                              entity=config.wandb_entity or None, config=dict(config.wandb_config))
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         if " vs " not in tag:

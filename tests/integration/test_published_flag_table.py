@@ -119,7 +119,7 @@ def test_argonne_wandb_script_trains_shrunk_with_the_exact_count(argonne_run):
     assert ranks[0]["iteration"] == ranks[1]["iteration"] == 3
     assert max(logged_iterations(out)) == 3
     # the script's own W&B project and run name, in the offline run under its (shrunk) --wandb-save-dir
-    name, project, history = offline_run(str(tmp / "wandb"))
+    name, project, history, _ = offline_run(str(tmp / "wandb"))
     assert (name, project) == ("exp0", "pretrain-llama2")
     assert {1, 2, 3} <= set(history) and max(history) == 3  # each iteration's scalars, to the end
 

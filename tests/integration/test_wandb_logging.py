@@ -21,7 +21,8 @@ def test_offline_run_holds_the_tensorboard_scalars(entry_point, tmp_path, monkey
     tb, wb = tmp_path / "tb", tmp_path / "wb"
     pretrain_gpt.main([str(f) for f in TINY + [
         "--global-batch-size", 2, "--train-iters", 3, "--eval-interval", 2, "--tensorboard-dir", tb,
-        "--log-timers-to-tensorboard", "--wandb-project", "proj", "--wandb-exp-name", "tiny", "--wandb-save-dir", wb]])
+        "--log-timers-to-tensorboard", "--wandb-project", "proj", "--wandb-exp-name", "tiny", "--wandb-save-dir", wb,
+        "--wandb-entity", "a-team"]])
     events = EventAccumulator(str(tb), size_guidance={"scalars": 0})
     events.Reload()
     board = {}
@@ -29,8 +30,8 @@ def test_offline_run_holds_the_tensorboard_scalars(entry_point, tmp_path, monkey
         if " vs " not in tag:  # the copies against samples / tokens / gigaflos stay in TensorBoard
             for event in events.Scalars(tag):
                 board.setdefault(event.step, {})[tag] = event.value
-    name, project, history = offline_run(str(wb))
-    assert (name, project) == ("tiny", "proj")
+    name, project, history, entity = offline_run(str(wb))
+    assert (name, project, entity) == ("tiny", "proj", "a-team")
     assert sorted(history) == sorted(board) == [0, 1, 2, 3]
     assert "lm-loss-training/lm loss" in board[3] and "lm-loss-validation/lm loss validation" in board[2]
     for step, scalars in board.items():

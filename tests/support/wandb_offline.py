@@ -37,19 +37,19 @@ def records(path):
 
 
 def offline_run(save_dir):
-    """(run name, project, {step: {key: value}}) of the one offline run under `save_dir`."""
+    """(run name, project, {step: {key: value}}, entity) of the one offline run under `save_dir`."""
     from wandb.proto import wandb_internal_pb2 as pb
     [path] = glob.glob(os.path.join(save_dir, "wandb", "offline-run-*", "run-*.wandb"))
-    name = project = None
+    name = project = entity = None
     history = {}
     for data in records(path):
         record = pb.Record()
         record.ParseFromString(data)
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            name, project = record.run.display_name, record.run.project
+            name, project, entity = record.run.display_name, record.run.project, record.run.entity
         elif kind == "history":
             items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             history.setdefault(record.history.step.num, {}).update(
                 {k: v for k, v in items.items() if not k.startswith("_")})
-    return name, project, history
+    return name, project, history, entity

@@ -102,8 +102,6 @@ def test_a_refused_or_other_model_flag_ends_the_run_in_one_line(status, entry_po
         if status == "other-model":
             expected = (f"{flag}: a flag of {row.why} models; this trainer is GPT pretraining (pretrain_gpt.py): "
                         f"drop the flag")
-        elif row.why == "not implemented yet":  # issue 39's flags other engineers are implementing
-            expected = f"{flag}: not implemented yet in this trainer; drop the flag"
         else:
             expected = f"{flag}: {row.why} is not supported by this trainer; {row.instead or 'drop the flag'}"
         if line != "pretrain_gpt.py: error: " + expected:
