@@ -17,7 +17,7 @@ The peer, patched only to import and run on CPU (benchmarks/peer_cpu.patch, whos
 Its first launch also JIT-builds DeepSpeed's shm comm op (cached after); start-up is not timed.
 
 Usage: python benchmarks/bench_peer.py --peer /work/peer [--iters 10] [--reps 3]
-           [--layouts 1x1,2x1,1x2,2x2] [--extra-ours=--torch-compile]
+           [--layouts 1x1,2x1,1x2,2x2] [--compiled] [--extra-ours="--flag ..."]
 """
 import argparse
 import json
@@ -87,6 +87,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--layouts", default="1x1,2x1,1x2,2x2", help="comma-separated TPxPP")
     parser.add_argument("--extra-ours", default="", help="more flags for our trainer only, e.g. =--torch-compile")
+    parser.add_argument("--compiled", action="store_true",
+                        help="a third side: ours with --torch-compile (its iteration 2 compiles; 3.. are counted)")
     parser.add_argument("--log-dir", default=None, help="append each run's output to DIR/<side>_TPxPP.log")
     a = parser.parse_args()
     if a.iters < FIRST_COUNTED:
@@ -106,11 +108,15 @@ def main() -> None:
         # the peer's index maps go to a scratch directory, not next to our corpus
         peer_extra = [*PEER_CPU_FLAGS, "--data-cache-path", os.path.join(tmp, "peer-index-cache")]
         sides = {"peer": (peer, peer_extra), "ours": (common.ROOT, shlex.split(a.extra_ours))}
+        if a.compiled:
+            sides["ours compiled"] = (common.ROOT, shlex.split(a.extra_ours) + ["--torch-compile"])
         round_number = 0
 
         def measure_round():
             nonlocal round_number
-            order = ["peer", "ours"] if round_number % 2 == 0 else ["ours", "peer"]  # neither always first
+            names = list(sides)
+            shift = round_number % len(names)
+            order = names[shift:] + names[:shift]  # no side always first
             round_number += 1
             results = {}
             for tp, pp in layouts:
@@ -126,15 +132,22 @@ def main() -> None:
         results = rounds.run(a.reps, measure_round)
 
     rows = []
+    ours_sides = [name for name in sides if name != "peer"]
     for tp, pp in layouts:
-        peer_ms, ours_ms = results[(tp, pp, "peer")], results[(tp, pp, "ours")]
-        ratio = common.median([p / o for p, o in zip(peer_ms, ours_ms, strict=True)])
-        rows.append((f"TP{tp}xPP{pp}", f"{common.median(peer_ms):.1f}", f"{common.median(ours_ms):.1f}",
-                     f"{ratio:.2f}x"))
+        peer_ms = results[(tp, pp, "peer")]
+        row = [f"TP{tp}xPP{pp}", f"{common.median(peer_ms):.1f}"]
+        for name in ours_sides:
+            ours_ms = results[(tp, pp, name)]
+            ratio = common.median([p / o for p, o in zip(peer_ms, ours_ms, strict=True)])
+            row += [f"{common.median(ours_ms):.1f}", f"{ratio:.2f}x"]
+        rows.append(tuple(row))
     print(f"L4 h128 a4 s256 mb2 gbs8 on the bundled corpus, fp32, ZeRO 0, gloo, 1 thread per rank; "
           f"median of iterations {FIRST_COUNTED}..{a.iters} per run, median of {a.reps} interleaved round(s)"
           + (f"; ours with {a.extra_ours}" if a.extra_ours else ""))
-    print(common.table(["layout", "peer ms/iter", "ours ms/iter", "ours tokens/s vs peer"], rows))
+    header = ["layout", "peer ms/iter"]
+    for name in ours_sides:
+        header += [f"{name} ms/iter", f"{name} tokens/s vs peer"]
+    print(common.table(header, rows))
     print(rounds.note())
 
 
