@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import os
 import runpy
+import sys
 
 import pytest
 import torch
@@ -26,6 +27,9 @@ def _megatron_imports(path):
 def test_benchmark_imports_and_its_megatron_names_exist(script, monkeypatch):
     monkeypatch.syspath_prepend(BENCHMARKS)  # as `python benchmarks/<script>` puts it first
     path = os.path.join(BENCHMARKS, script)
+    if script == "gpu_check.py":  # without CUDA it imports only as its --cpu dry run
+        monkeypatch.setattr(sys, "argv", [path, "--cpu"])
+        monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     if script == "bench_gpu.py" and not torch.cuda.is_available():  # it stops at once, in one line
         with pytest.raises(SystemExit, match="^bench_gpu.py: no CUDA device visible to torch"):
             runpy.run_path(path, run_name="imported")

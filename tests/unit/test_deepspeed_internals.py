@@ -32,7 +32,8 @@ PUBLIC_MODULES = ("deepspeed.pipe", "deepspeed.checkpointing", "deepspeed.accele
 DEEPSPEED_OBJECTS = {"engine", "checkpoint_engine", "deepspeed_moe"}  # names this tree gives DeepSpeed's objects
 
 # Private names of other libraries (torch, argparse, collections, os, atexit): not DeepSpeed's.
-FOREIGN_PRIVATE = {"_utils", "_flatten_dense_tensors", "_unflatten_dense_tensors", "_option_string_actions",
+# torch._dynamo: its recompile limit has no public setter (megatron/model/compiled.py).
+FOREIGN_PRIVATE = {"_dynamo", "_utils", "_flatten_dense_tensors", "_unflatten_dense_tensors", "_option_string_actions",
                    "_replace", "_asdict", "_fields", "_exit", "_run_exitfuncs"}
 MODULE_DUNDERS = {"__version__", "__file__", "__path__", "__name__", "__doc__", "__dict__", "__class__"}
 

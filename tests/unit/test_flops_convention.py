@@ -39,7 +39,8 @@ def test_the_run_caches_reports_and_writes_its_convention(extra, flops, line):
     args = validated(extra)
     counts = analytic_parameter_counts(args.model_shape)
     cache_parameter_counts(args, counts)  # what the trainer does once the model is built
-    assert args.flops_per_sample == args.model_flops_per_sample == args.model_flops_per_sample_at[32] == flops
+    assert (args.flops_per_sample == args.model_flops_per_sample == args.flops_per_sample_at[32]
+            == args.model_flops_per_sample_at[32] == flops)
     report = format_parameter_report(counts, args.model_shape, causal_attention=bool(extra))
     assert report[-2:] == [line, f"FLOPs per sample (model, fwd+bwd): {flops:,}"]
 
