@@ -3,8 +3,9 @@ elementwise chains between its matmuls (bias + GeLU / GLU, dropout + residual ad
 as fused kernels, on CPU (C++ / OpenMP) and on CUDA (Triton). `Module.compile()` compiles in place:
 the parameters, their names (checkpoints, export, the count) and the pipeline's layer list are
 unchanged. TorchDynamo treats nn.Module parameters as inputs (torch >= 2.5), so all layers of a
-model share one compiled graph rather than recompiling per layer. Collectives (TP, SP) and the
-model-parallel RNG's fork split a layer into several graphs; each piece still fuses its chains."""
+model share one compiled graph rather than recompiling per layer. Collectives (TP, SP) and, with
+dropout, the model-parallel RNG's fork split a layer into several graphs; each piece still fuses its
+chains."""
 from __future__ import annotations
 
 import torch
